@@ -1,0 +1,25 @@
+"""The OPML / COPML algorithm core: pure numpy (and scipy's BLAS), no web, Redis or asyncio.
+
+Li, Gao, Wang, Zhou, Huo, Shi, "OPML: A One-Pass Closed-Form Solution for Online Metric
+Learning", Pattern Recognition 75 (2018). Equation numbers in this package are the paper's.
+
+* :class:`Learner` / :class:`LearnerConfig` -- the online learner the service runs.
+* :class:`OPML` / :class:`COPML` -- scikit-learn / metric-learn style estimators.
+* :class:`ThresholdCalibrator` -- online EER calibration of the verification threshold.
+"""
+
+from service.core.calibration import Calibration, ThresholdCalibrator
+from service.core.estimators import COPML, OPML
+from service.core.learner import OUTCOMES, Learner, LearnerConfig, StepResult, normalize_rows
+
+__all__ = [
+    "COPML",
+    "OPML",
+    "OUTCOMES",
+    "Calibration",
+    "Learner",
+    "LearnerConfig",
+    "StepResult",
+    "ThresholdCalibrator",
+    "normalize_rows",
+]

@@ -1,0 +1,92 @@
+"""The one place that validates what enters the core: vectors, matrices, labels.
+
+Every error is a ``ValueError`` whose message starts with the name of the bad argument, and
+nothing is validated twice: the learner validates once, then works on trusted arrays.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array = NDArray[np.float64]
+
+#: The largest magnitude any entry of ``L`` may reach (see :mod:`service.core.update`).
+#: Squared distances of inputs up to ~1e75 then stay finite in float64.
+MAX_ABS_ENTRY = 1e150
+
+
+def as_float_array(value: Any, name: str) -> Array:
+    """``value`` as a float64 ndarray; ValueError naming ``name`` when that is impossible."""
+    if isinstance(value, np.ndarray) and value.dtype == np.float64:
+        return value
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # ragged nested lists and the like
+        raise ValueError(f"{name}: not a numeric array ({exc})") from None
+    if arr.dtype.kind not in "biuf":
+        raise ValueError(f"{name}: must hold real numbers, got dtype {arr.dtype}")
+    return arr.astype(np.float64, copy=False)
+
+
+def check_vector(value: Any, dim: int, name: str = "x") -> Array:
+    """A finite float64 vector of length ``dim``."""
+    arr = as_float_array(value, name)
+    if arr.ndim != 1 or arr.shape[0] != dim:
+        raise ValueError(f"{name}: expected a vector of length {dim}, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name}: contains NaN or Inf")
+    return arr
+
+
+def check_matrix(value: Any, dim: int, name: str = "X") -> Array:
+    """A finite float64 matrix with ``dim`` columns (and at least one row)."""
+    arr = as_float_array(value, name)
+    if arr.ndim != 2 or arr.shape[1] != dim:
+        raise ValueError(f"{name}: expected shape (n, {dim}), got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        bad = int(np.flatnonzero(~np.isfinite(arr).all(axis=1))[0])
+        raise ValueError(f"{name}: row {bad} contains NaN or Inf")
+    return arr
+
+
+def check_metric(value: Any, dim: int, name: str = "L") -> Array:
+    """A finite ``dim x dim`` matrix whose entries stay within :data:`MAX_ABS_ENTRY`."""
+    arr = as_float_array(value, name)
+    if arr.shape != (dim, dim):
+        raise ValueError(f"{name}: expected shape ({dim}, {dim}), got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name}: contains NaN or Inf")
+    if arr.size and float(np.abs(arr).max()) > MAX_ABS_ENTRY:
+        raise ValueError(f"{name}: entries must not exceed {MAX_ABS_ENTRY:g} in magnitude")
+    return arr
+
+
+def label_key(value: Any, name: str = "y") -> str:
+    """The canonical class key of a label: an integer means its decimal string.
+
+    >>> label_key(3) == label_key("3") == "3"
+    True
+    """
+    if isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name}: a label is a string or an integer, got a boolean")
+    if isinstance(value, int | np.integer):
+        return str(int(value))
+    if isinstance(value, str):
+        if not value:
+            raise ValueError(f"{name}: a label must not be empty")
+        return value
+    raise ValueError(f"{name}: a label is a string or an integer, got {type(value).__name__}")
+
+
+def check_positive(value: Any, name: str) -> float:
+    """A finite float > 0."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: must be a number, got {value!r}") from None
+    if not np.isfinite(out) or out <= 0:
+        raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+    return out

@@ -1,0 +1,113 @@
+"""Online calibration of the verification threshold at the equal-error-rate point.
+
+Before every triplet step the learner measures, with the metric as it then is, the squared
+distance of a positive pair ``(x_t, x_p)`` and of a negative pair ``(x_t, x_q)``. Those are
+honest held-out measurements (prequential: measured before the sample is learned), so a recent
+window of them estimates how the current metric separates same from different.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.core._validation import Array
+
+#: Pairs of each kind needed before the threshold counts as calibrated.
+MIN_PAIRS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The window's verdict: EER threshold (squared units), its error rate, triplet accuracy."""
+
+    threshold: float | None
+    eer: float | None
+    accuracy: float | None
+    pairs: int
+    calibrated: bool
+
+
+class ThresholdCalibrator:
+    """A ring buffer of recent (positive, negative) squared distances and their EER threshold.
+
+    ``same`` is decided as ``squared_distance <= threshold``. At threshold ``theta`` the false
+    reject rate is the share of positives above it and the false accept rate the share of
+    negatives at or below it; the calibrated ``theta`` is the observed distance where the two
+    are closest (the equal error rate point), ``eer`` their mean there. ``accuracy`` is the
+    prequential triplet accuracy: the share of windowed triplets with ``d_pos < d_neg``.
+
+    >>> cal = ThresholdCalibrator(window=100)
+    >>> for i in range(30):
+    ...     cal.observe(d_pos=1.0 + i % 3, d_neg=10.0 + i % 5)
+    >>> c = cal.calibration()
+    >>> (c.calibrated, c.threshold, c.eer, c.accuracy)
+    (True, 3.0, 0.0, 1.0)
+    """
+
+    def __init__(self, window: int = 1000) -> None:
+        if int(window) < 1:
+            raise ValueError(f"window: must be >= 1, got {window!r}")
+        self.window = int(window)
+        self._pairs = np.zeros((self.window, 2))
+        self._count = 0  # total pairs ever observed; the ring position is count % window
+        self._cached: tuple[int, Calibration] | None = None
+
+    def observe(self, d_pos: float, d_neg: float) -> None:
+        """Record one triplet's positive and negative squared distances."""
+        row = self._pairs[self._count % self.window]
+        row[0] = d_pos
+        row[1] = d_neg
+        self._count += 1
+
+    def _window(self) -> Array:
+        return self._pairs[: min(self._count, self.window)]
+
+    def calibration(self) -> Calibration:
+        """The EER threshold of the current window (cached until the next observation)."""
+        if self._cached is not None and self._cached[0] == self._count:
+            return self._cached[1]
+        pairs = self._window()
+        n = len(pairs)
+        if n == 0:
+            result = Calibration(None, None, None, 0, False)
+        else:
+            pos = np.sort(pairs[:, 0])
+            neg = np.sort(pairs[:, 1])
+            candidates = np.concatenate([pos, neg])
+            frr = 1.0 - np.searchsorted(pos, candidates, side="right") / n
+            far = np.searchsorted(neg, candidates, side="right") / n
+            gap = np.abs(far - frr) + 1e-12 * (far + frr)  # ties: prefer fewer errors
+            best = int(np.argmin(gap))
+            result = Calibration(
+                threshold=float(candidates[best]),
+                eer=float((far[best] + frr[best]) / 2),
+                accuracy=float(np.mean(pairs[:, 0] < pairs[:, 1])),
+                pairs=n,
+                calibrated=n >= MIN_PAIRS,
+            )
+        self._cached = (self._count, result)
+        return result
+
+    def to_state(self) -> tuple[Array, dict[str, Any]]:
+        """The window (oldest first) and JSON-safe metadata."""
+        n = min(self._count, self.window)
+        start = self._count % self.window if self._count > self.window else 0
+        ordered = np.roll(self._pairs, -start, axis=0)[:n].copy()
+        return ordered, {"window": self.window, "count": self._count}
+
+    @classmethod
+    def from_state(cls, pairs: Array, meta: dict[str, Any]) -> ThresholdCalibrator:
+        """Inverse of :meth:`to_state`."""
+        cal = cls(int(meta["window"]))
+        count = int(meta["count"])
+        pairs = np.asarray(pairs, dtype=np.float64).reshape(-1, 2)
+        if len(pairs) != min(count, cal.window):
+            raise ValueError("calibration: window length does not match its count")
+        start = count % cal.window if count > cal.window else 0
+        cal._pairs[: len(pairs)] = pairs
+        cal._pairs = np.roll(cal._pairs, start, axis=0)
+        cal._count = count
+        return cal
