@@ -27,7 +27,7 @@ EXTRAS = {"serve": "", "test": "[test]", "bench": "[test,bench]"}
 
 
 def ensure_venv(extras: str) -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 -- this script may run on an older python3
         sys.exit("opml-service needs Python 3.11 or newer")
     digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
     stamp = VENV / ".opml-stamp"

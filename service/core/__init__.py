@@ -10,7 +10,8 @@ Learning", Pattern Recognition 75 (2018). Equation numbers in this package are t
 
 from service.core.calibration import Calibration, ThresholdCalibrator
 from service.core.estimators import COPML, OPML
-from service.core.learner import OUTCOMES, Learner, LearnerConfig, StepResult, normalize_rows
+from service.core.learner import OUTCOMES, Learner, LearnerConfig, normalize_rows
+from service.core.update import StepResult
 
 __all__ = [
     "COPML",

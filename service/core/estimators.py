@@ -89,15 +89,25 @@ def _check_2d(X: Any, name: str = "X") -> Array:
         raise TypeError(f"{name}: sparse input is not supported; pass a dense array")
     arr = np.asarray(X)
     if np.iscomplexobj(arr):
-        raise ValueError(f"{name}: complex data not supported")
+        raise ValueError(f"{name}: Complex data not supported")
+    if arr.dtype == object:
+        try:
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{name}: {exc}") from None
     arr = as_float_array(arr, name)
     if arr.ndim != 2:
         raise ValueError(
-            f"{name}: expected 2D array, got {arr.ndim}D array instead; reshape your data "
-            "with X.reshape(-1, 1) for a single feature or X.reshape(1, -1) for one sample"
+            f"{name}: Expected 2D array, got {arr.ndim}D array instead. Reshape your data "
+            "with X.reshape(-1, 1) for a single feature or X.reshape(1, -1) for one sample."
         )
-    if arr.shape[0] < 1 or arr.shape[1] < 1:
-        raise ValueError(f"{name}: found array with shape {arr.shape}: 0 sample(s)/feature(s)")
+    if arr.shape[0] < 1:
+        raise ValueError(f"{name}: Found array with 0 sample(s) (shape={arr.shape})")
+    if arr.shape[1] < 1:
+        raise ValueError(
+            f"{name}: Found array with 0 feature(s) (shape={arr.shape}) while a minimum of 1 "
+            "is required."
+        )
     if not np.isfinite(arr).all():
         raise ValueError(f"{name}: Input contains NaN or infinity")
     return arr

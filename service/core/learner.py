@@ -7,12 +7,14 @@ time (the service owns all concurrency).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
 
 from service.core._validation import (
     Array,
@@ -23,7 +25,7 @@ from service.core._validation import (
     label_key,
 )
 from service.core.calibration import ThresholdCalibrator
-from service.core.update import EntryBound, Step, pair_step, triplet_step
+from service.core.update import EntryBound, StepResult, pair_step, triplet_step
 
 Algorithm = Literal["opml", "copml"]
 Normalize = Literal["none", "l2"]
@@ -46,6 +48,23 @@ OUTCOMES = (
 TRIPLET_OUTCOMES = frozenset({"triplet_update", "shrunk_update", "passive"})
 
 STATE_FORMAT = 1
+_NEW_CLASS = StepResult("new_class")
+_SINGLE_CLASS = StepResult("single_class")
+
+
+def _quiet() -> np.errstate:
+    """Overflow in a step is detected and handled (outcome ``skipped``): no numpy warning."""
+    return np.errstate(over="ignore", invalid="ignore")
+
+
+#: From this dimension on, pinning BLAS to one thread (~12 us) pays for itself in learn_one.
+_THREADED_DIM = 256
+
+
+@functools.cache
+def _blas() -> ThreadpoolController:
+    """BLAS thread control, made once (enumerating the loaded libraries costs ~0.5 ms)."""
+    return ThreadpoolController()
 
 
 @dataclass(frozen=True)
@@ -95,25 +114,6 @@ class LearnerConfig:
             raise ValueError(f"calibration_window: must be >= 1, got {self.calibration_window}")
 
 
-@dataclass(frozen=True, slots=True)
-class StepResult:
-    """The result of learning one sample.
-
-    ``hinge`` (Eq. 4), ``d_pos = ||L(x_t - x_p)||^2`` and ``d_neg = ||L(x_t - x_q)||^2`` are
-    measured with ``L`` as it was before this sample's update; ``None`` where the step formed no
-    such pair. ``gamma`` is the step size actually used (``None`` when ``L`` did not change).
-    """
-
-    outcome: str
-    hinge: float | None = None
-    d_pos: float | None = None
-    d_neg: float | None = None
-    gamma: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 @dataclass
 class _Stats:
     samples_seen: int = 0
@@ -132,7 +132,8 @@ def normalize_rows(X: Array, how: Normalize) -> Array:
     Y = X / scale
     norms = np.sqrt(np.einsum("ij,ij->i", Y, Y))[:, None]
     norms[norms == 0.0] = 1.0
-    return Y / norms
+    out: Array = Y / norms
+    return out
 
 
 class Learner:
@@ -204,7 +205,8 @@ class Learner:
         key = label_key(label, "label")
         if key not in self._index:
             raise ValueError(f"label: class {key!r} has not been seen")
-        return self._buffer[self._index[key]].copy()
+        row: Array = self._buffer[self._index[key]].copy()
+        return row
 
     # -- learning --------------------------------------------------------------------------
 
@@ -213,7 +215,11 @@ class Learner:
         xs = check_vector(x, self.dim, "x")
         key = label_key(y, "y")
         row = normalize_rows(xs[None, :], self.config.normalize)[0]
-        return self._step(row, key)
+        if self.dim < _THREADED_DIM:
+            with _quiet():
+                return self._step(row, key)
+        with _blas().limit(limits=1, user_api="blas"), _quiet():
+            return self._step(row, key)
 
     def learn_many(self, X: Any, y: Any) -> list[StepResult]:
         """Learn the rows of ``X`` in order; the same final state as a :meth:`learn_one` loop.
@@ -227,13 +233,16 @@ class Learner:
             raise ValueError(f"y: expected {Xs.shape[0]} labels, got {len(labels)}")
         keys = [label_key(label, f"y[{i}]") for i, label in enumerate(labels)]
         rows = normalize_rows(Xs, self.config.normalize)
-        return [self._step(row, key) for row, key in zip(rows, keys, strict=True)]
+        # The step is memory-bound with an inner dimension of 2: one BLAS thread is as fast on
+        # an idle machine and several times faster on a busy one (benchmarks/core_timing.py).
+        with _blas().limit(limits=1, user_api="blas"), _quiet():
+            return [self._step(row, key) for row, key in zip(rows, keys, strict=True)]
 
     def _step(self, x: Array, key: str) -> StepResult:
         stats = self._stats
         slot = self._index.get(key)
         if slot is None:
-            step = Step("new_class")
+            step = _NEW_CLASS
             self._remember(key, x)
         else:
             c = len(self._classes)
@@ -242,9 +251,10 @@ class Learner:
                 if self.config.algorithm == "copml":
                     step = pair_step(self._L, x - h, self.config.gamma_pair, self._bound)
                 else:
-                    step = Step("single_class")
+                    step = _SINGLE_CLASS
             else:
-                j = int(self._rng.integers(c - 1))  # negative class uniform among the others
+                # The negative class, uniform among the other c - 1 (Sec. III-A).
+                j = int(self._rng.random() * (c - 1))
                 if j >= slot:
                     j += 1
                 ab = self._ab
@@ -257,7 +267,7 @@ class Learner:
             h[:] = x
         stats.samples_seen += 1
         stats.outcomes[step.outcome] += 1
-        return StepResult(step.outcome, step.hinge, step.d_pos, step.d_neg, step.gamma)
+        return step
 
     def _remember(self, key: str, x: Array) -> None:
         c = len(self._classes)
@@ -283,8 +293,9 @@ class Learner:
         """``||L(a - b)||^2`` (Eq. 2)."""
         A = self._prepare(np.atleast_2d(check_vector(a, self.dim, "a")), "a")
         B = self._prepare(np.atleast_2d(check_vector(b, self.dim, "b")), "b")
-        z = self._L @ (A[0] - B[0])
-        return float(z @ z)
+        with _quiet():  # enormous inputs may overflow to inf: an honest answer
+            z = self._L @ (A[0] - B[0])
+            return float(z @ z)
 
     def distance(self, a: Any, b: Any) -> float:
         """``sqrt((a - b)^T M (a - b))`` with ``M = L^T L`` (Eq. 1)."""
@@ -294,13 +305,15 @@ class Learner:
         """``||L(a - b_i)||^2`` for every row ``b_i`` of ``B`` (one to many)."""
         A = self._prepare(np.atleast_2d(check_vector(a, self.dim, "a")), "a")
         Bs = self._prepare(B, "b")
-        Z = (Bs - A) @ self._L.T
-        out: Array = np.einsum("ij,ij->i", Z, Z)
+        with _quiet():
+            Z = (Bs - A) @ self._L.T
+            out: Array = np.einsum("ij,ij->i", Z, Z)
         return out
 
     def transform(self, X: Any) -> Array:
         """``X L^T``: rows mapped into the learned space (Euclidean there = Eq. 1 here)."""
-        out: Array = self._prepare(X, "X") @ self._L.T
+        with _quiet():
+            out: Array = self._prepare(X, "X") @ self._L.T
         return out
 
     # -- state -----------------------------------------------------------------------------

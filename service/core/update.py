@@ -15,8 +15,8 @@ Numerical policy (documented choice, paper Lemma 2)
 ``I + gamma A`` is symmetric with eigenvalue 1 off the span of ``a, b`` and
 ``1 + gamma lambda_{+/-}`` on it, where ``lambda_{+/-}`` (Lemma 2) are computed in O(1) from
 ``alpha = a.a``, ``kappa = a.b``, ``beta_b = b.b`` and the Gram determinant
-``g = alpha beta_b - kappa^2`` (taken as ``alpha ||b - (kappa/alpha) a||^2``, which stays exact
-for nearly colinear ``a, b`` where the naive difference cancels). ``lambda_+ >= 0 >= lambda_-``.
+``g = alpha beta_b - kappa^2`` (for nearly colinear ``a, b``, where that difference cancels,
+taken as ``alpha ||b - (kappa/alpha) a||^2`` instead). ``lambda_+ >= 0 >= lambda_-``.
 
 * **Shrink.** If ``1 + gamma lambda_- < MIN_EIGENVALUE`` (the step would break positive
   definiteness, or make ``eta + beta = det(I + gamma A)`` near zero), the step is taken with
@@ -29,14 +29,16 @@ for nearly colinear ``a, b`` where the naive difference cancels). ``lambda_+ >= 
   no step with ``gamma <= 0.225`` is ever shrunk.
 * **Skip.** If the step's arithmetic would overflow float64 (enormous inputs), or would push an
   entry of ``L`` past :data:`MAX_ABS_ENTRY`, ``L`` is left untouched and the outcome is
-  ``skipped``. A cheap running upper bound of ``max |L_ij|`` (O(d) per step; an exact O(d^2)
+  ``skipped``. A cheap running upper bound of ``max |L_ij|`` (O(1) per step; an exact O(d^2)
   re-measure only when the bound nears the limit) decides this, so ``L`` never holds NaN or Inf.
+  Callers may silence numpy's overflow warnings around a step: overflow is detected here.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy.linalg.blas import dgemm, dger
@@ -67,6 +69,7 @@ def eigenvalues(alpha: float, beta_b: float, gram: float) -> Eigen:
     >>> (e.plus, e.minus)
     (3.0, -0.0)
     """
+    gram = max(gram, 0.0)  # >= 0 by Cauchy-Schwarz; rounding may say -0.0 or a hair less
     t = alpha - beta_b
     disc = math.hypot(t, 2.0 * math.sqrt(gram))
     if t >= 0.0:
@@ -78,16 +81,14 @@ def eigenvalues(alpha: float, beta_b: float, gram: float) -> Eigen:
     return Eigen(plus, minus)
 
 
-def _bounded_increment(P: Array, Q: Array) -> float:
-    """An upper bound of ``max |(P Q^T)_ij|`` for ``d x 2`` matrices ``P``, ``Q``."""
-    p = np.abs(P).max(axis=0)
-    q = np.abs(Q).max(axis=0)
-    return float(p[0] * q[0] + p[1] * q[1])
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """The result of learning one sample.
 
-
-@dataclass(slots=True)
-class Step:
-    """What one step measured and did; distances are squared and measured before the update."""
+    ``hinge`` (Eq. 4), ``d_pos = ||L(x_t - x_p)||^2`` and ``d_neg = ||L(x_t - x_q)||^2`` are
+    measured with ``L`` as it was before this sample's update; ``None`` where the step formed no
+    such pair. ``gamma`` is the step size actually used (``None`` when ``L`` did not change).
+    """
 
     outcome: str
     hinge: float | None = None
@@ -95,9 +96,23 @@ class Step:
     d_neg: float | None = None
     gamma: float | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": self.outcome,
+            "hinge": self.hinge,
+            "d_pos": self.d_pos,
+            "d_neg": self.d_neg,
+            "gamma": self.gamma,
+        }
+
 
 class EntryBound:
-    """A running upper bound of ``max |L_ij|`` that keeps ``L`` below :data:`MAX_ABS_ENTRY`."""
+    """A running upper bound of ``max |L_ij|`` that keeps ``L`` below :data:`MAX_ABS_ENTRY`.
+
+    A correction ``p q^T`` changes no entry by more than ``max|p| max|q| <= ||p|| ||q||``, so
+    the bound grows by that (O(1) from quantities the step already has) and is re-measured
+    exactly, in O(d^2), only when it nears the limit.
+    """
 
     __slots__ = ("value",)
 
@@ -118,36 +133,26 @@ class EntryBound:
         return False
 
 
-def triplet_step(
-    L: Array, ab: Array, gamma: float, margin: float, bound: EntryBound
-) -> Step:
+def triplet_step(L: Array, ab: Array, gamma: float, margin: float, bound: EntryBound) -> StepResult:
     """One OPML step on ``L`` in place; ``ab`` is the ``2 x d`` array ``[a; b]``.
 
     ``a = x_t - x_p`` (positive difference), ``b = x_t - x_q`` (negative difference).
     """
     PT = ab @ L.T  # rows: L a, L b -- one pass over L
-    if not np.isfinite(PT).all():
-        return Step("skipped")
-    La, Lb = PT[0], PT[1]
-    d_pos = float(La @ La)
-    d_neg = float(Lb @ Lb)
-    if not (math.isfinite(d_pos) and math.isfinite(d_neg)):
-        return Step("skipped")
+    (d_pos, _), (_, d_neg) = np.dot(PT, PT.T).tolist()
+    if not (math.isfinite(d_pos) and math.isfinite(d_neg)):  # overflow (or inf - inf)
+        return StepResult("skipped")
     hinge = margin + d_pos - d_neg  # Eq. 4
     if hinge <= 0.0:
-        return Step("passive", hinge, d_pos, d_neg)
+        return StepResult("passive", hinge, d_pos, d_neg)
 
-    a, b = ab[0], ab[1]
-    alpha = float(a @ a)
-    kappa = float(a @ b)
-    beta_b = float(b @ b)
+    (alpha, kappa), (_, beta_b) = np.dot(ab, ab.T).tolist()
     if not (math.isfinite(alpha) and math.isfinite(beta_b)):
-        return Step("skipped", hinge, d_pos, d_neg)
-    if alpha > 0.0:
-        r = b - (kappa / alpha) * a
+        return StepResult("skipped", hinge, d_pos, d_neg)
+    gram = alpha * beta_b - kappa * kappa
+    if gram < 0.25 * alpha * beta_b and alpha > 0.0:  # nearly colinear: it cancels; project
+        r = ab[1] - (kappa / alpha) * ab[0]
         gram = alpha * float(r @ r)
-    else:
-        gram = 0.0
     eig = eigenvalues(alpha, beta_b, gram)
     outcome = "triplet_update"
     if 1.0 + gamma * eig.minus < MIN_EIGENVALUE:  # Lemma 2: I + gamma A near singular
@@ -157,19 +162,20 @@ def triplet_step(
     s = gamma / det
     # Eq. 16 regrouped: u = -s [(1 - gamma beta_b) a + gamma kappa b],
     #                   v =  s [(1 + gamma alpha) b - gamma kappa a].
-    QT = np.empty_like(ab)
-    np.multiply(a, -s * (1.0 - gamma * beta_b), out=QT[0])
-    QT[0] -= (s * gamma * kappa) * b
-    np.multiply(b, s * (1.0 + gamma * alpha), out=QT[1])
-    QT[1] -= (s * gamma * kappa) * a
-    if not np.isfinite(QT).all() or not bound.admits(L, _bounded_increment(PT.T, QT.T)):
-        return Step("skipped", hinge, d_pos, d_neg)
+    ua, ub = -s * (1.0 - gamma * beta_b), -s * gamma * kappa
+    va, vb = ub, s * (1.0 + gamma * alpha)
+    norm_u = math.sqrt(max(ua * ua * alpha + 2.0 * ua * ub * kappa + ub * ub * beta_b, 0.0))
+    norm_v = math.sqrt(max(va * va * alpha + 2.0 * va * vb * kappa + vb * vb * beta_b, 0.0))
+    increment = math.sqrt(d_pos) * norm_u + math.sqrt(d_neg) * norm_v
+    if not bound.admits(L, increment):
+        return StepResult("skipped", hinge, d_pos, d_neg)
+    QT = np.dot(np.array([[ua, ub], [va, vb]]), ab)  # rows: u, v
     # L^T += [u v] [La Lb]^T, i.e. L += La u^T + Lb v^T, in place on the Fortran view L^T.
     dgemm(1.0, QT.T, PT.T, beta=1.0, c=L.T, trans_b=1, overwrite_c=1)
-    return Step(outcome, hinge, d_pos, d_neg, gamma)
+    return StepResult(outcome, hinge, d_pos, d_neg, gamma)
 
 
-def pair_step(L: Array, delta: Array, gamma: float, bound: EntryBound) -> Step:
+def pair_step(L: Array, delta: Array, gamma: float, bound: EntryBound) -> StepResult:
     """One COPML pair step on ``L`` in place (Eq. 20, Sherman-Morrison).
 
     ``L <- L - gamma (L delta) delta^T / (1 + gamma delta^T delta)``; ``d_pos`` is
@@ -179,11 +185,10 @@ def pair_step(L: Array, delta: Array, gamma: float, bound: EntryBound) -> Step:
     d_pos = float(Ld @ Ld)
     dd = float(delta @ delta)
     if not (math.isfinite(d_pos) and math.isfinite(dd)):
-        return Step("skipped")
+        return StepResult("skipped")
     coef = gamma / (1.0 + gamma * dd)
-    increment = float(np.abs(Ld).max() * np.abs(delta).max() * coef) if Ld.size else 0.0
-    if not bound.admits(L, increment):
-        return Step("skipped", None, d_pos)
+    if not bound.admits(L, math.sqrt(d_pos) * coef * math.sqrt(dd)):
+        return StepResult("skipped", None, d_pos)
     # L^T += (-coef delta) (L delta)^T, in place on the Fortran view L^T.
     dger(-coef, delta, Ld, a=L.T, overwrite_a=1)
-    return Step("pair_update", None, d_pos, None, gamma)
+    return StepResult("pair_update", None, d_pos, None, gamma)
