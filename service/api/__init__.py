@@ -1,0 +1,1 @@
+"""The HTTP/WebSocket API: thin routes over :mod:`service.models`."""

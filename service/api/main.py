@@ -1,0 +1,9 @@
+"""The API router: every route module, gathered."""
+
+from fastapi import APIRouter
+
+from service.api.routes import models, ops, queries, samples, stream
+
+api_router = APIRouter()
+for module in (models, samples, queries, stream, ops):
+    api_router.include_router(module.router)

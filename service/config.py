@@ -1,0 +1,82 @@
+"""Settings: one pydantic-settings object, read from ``OPML_*`` environment variables.
+
+>>> Settings(port=9000).port
+9000
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the service; each field is ``OPML_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="OPML_", extra="ignore")
+
+    host: str = Field(default="127.0.0.1", description="Interface uvicorn binds to.")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port of the HTTP/WS API.")
+    data_dir: Path = Field(
+        default=Path("data"),
+        description="Embedded Redis: its working dir (AOF files, pid/port file).",
+    )
+    redis_url: str | None = Field(
+        default=None, description="Use this Redis (>= 6.2) instead of starting the embedded one."
+    )
+    redis_appendfsync: Literal["always", "everysec", "no"] = Field(
+        default="always", description="Embedded Redis AOF fsync policy (always: an ack is on disk)."
+    )
+    redis_timeout_s: float = Field(
+        default=2.0, gt=0, description="Bound on every Redis call; past it the API answers 503."
+    )
+    log_level: str = Field(default="info", description="uvicorn / service log level.")
+
+    # -- learner and durability --
+    batch_max: int = Field(
+        default=512, ge=1, description="Log entries the learner applies per batch."
+    )
+    checkpoint_every: int = Field(
+        default=10_000, ge=1, description="Checkpoint after this many samples applied ..."
+    )
+    checkpoint_interval_s: float = Field(
+        default=30.0, gt=0, description="... or this many seconds after a change, whichever first."
+    )
+    idempotency_ttl_s: int = Field(
+        default=86_400, ge=1, description="Retention of Idempotency-Key / WS frame id answers."
+    )
+
+    # -- waits --
+    min_version_wait_s: float = Field(default=5.0, ge=0, description="Bound on a min_version wait.")
+    apply_wait_s: float = Field(
+        default=30.0, gt=0, description="Bound on ?wait=true and PUT metric."
+    )
+
+    # -- limits --
+    max_body_bytes: int = Field(
+        default=32 * 2**20, ge=1024, description="Largest HTTP body / WS frame."
+    )
+    max_batch: int = Field(
+        default=10_000, ge=1, description="Most samples in one request or frame."
+    )
+    max_dim: int = Field(default=1024, ge=1, description="Largest model dimension d.")
+    max_classes: int = Field(
+        default=10_000, ge=1, description="Most classes (buffer rows) per model."
+    )
+    max_models: int = Field(default=1000, ge=1, description="Most models in one service.")
+    ws_window: int = Field(
+        default=32, ge=1, description="WS ingestion frames in flight per connection."
+    )
+    events_queue: int = Field(
+        default=16, ge=1, description="Undelivered /events frames kept per reader."
+    )
+
+
+@lru_cache
+def get_settings() -> Settings:
+    """The process-wide settings (read once from the environment)."""
+    return Settings()

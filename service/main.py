@@ -1,0 +1,71 @@
+"""The application factory: settings, Redis (embedded or external), models, routes, errors.
+
+>>> app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
+>>> app.title
+'opml-service'
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from service import errors
+from service.api.limits import BodyLimit
+from service.api.main import api_router
+from service.config import Settings, get_settings
+from service.models.service import ModelService
+from service.storage.embedded import EmbeddedRedis
+from service.storage.store import Store, connect
+
+log = logging.getLogger("service")
+
+
+def _operation_id(route: APIRoute) -> str:
+    """Stable OpenAPI operation ids: the route function's name (e.g. ``create_model``)."""
+    return route.name
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """Start Redis (embedded unless ``OPML_REDIS_URL``) and the models; stop them in reverse."""
+    settings: Settings = app.state.settings
+    embedded: EmbeddedRedis | None = None
+    url = settings.redis_url
+    if url is None:
+        embedded = EmbeddedRedis(settings.data_dir, settings.redis_appendfsync)
+        url = await asyncio.to_thread(embedded.start)
+    client = connect(url, settings.redis_timeout_s)
+    models = ModelService(Store(client), settings)
+    app.state.models = models
+    models.start()
+    try:
+        yield
+    finally:
+        await models.close()
+        await client.aclose()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
+        log.info("stopped")
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A configured application (nothing starts until its lifespan runs)."""
+    settings = settings or get_settings()
+    app = FastAPI(
+        title="opml-service",
+        version="1.0.0",
+        summary="Streaming online metric learning (OPML / COPML) with a durable Redis log.",
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    app.state.settings = settings
+    errors.install(app)
+    app.include_router(api_router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    return app

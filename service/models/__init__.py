@@ -1,0 +1,1 @@
+"""Models: their runtime (the single-writer learner task), the registry, the schemas."""

@@ -1,0 +1,349 @@
+"""One model at run time: the single writer that applies its log, and the snapshots queries read.
+
+The writer task is the only code that touches the model's :class:`~service.core.Learner`. It
+reads the log in id order after the last applied entry, applies a batch (``learn_many`` in a
+worker thread, so the event loop keeps answering queries), then publishes an immutable
+:class:`Snapshot`. Queries only ever read the latest snapshot, so they never see a half-applied
+batch, and each answer's ``version`` is the seq of the last sample applied to that snapshot.
+
+Start-up: the latest checkpoint (or a fresh learner) plus a replay of the log tail. Because the
+RNG state is part of the checkpoint and the log is the order of application, the result equals
+applying every logged sample exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from redis.exceptions import RedisError
+
+from service import telemetry
+from service.config import Settings
+from service.core import Calibration, Learner, LearnerConfig, StepResult
+from service.storage.codec import (
+    DTYPE,
+    StreamId,
+    after,
+    decode_vector,
+    encode_vector,
+    format_id,
+)
+from service.storage.store import Store
+
+log = logging.getLogger("service.runtime")
+
+#: How often an idle writer looks at the log even without a local notification (seconds).
+IDLE_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable view of a model after some applied log prefix.
+
+    ``metric`` is a private :class:`Learner` holding only a copy of ``L``; the queries call its
+    methods, so their arithmetic is the core's own.
+    """
+
+    version: int
+    applied: StreamId
+    metric: Learner
+    counts: dict[str, int]
+    classes: int
+    calibration: Calibration
+    metric_puts: int
+
+
+@dataclass
+class CheckpointInfo:
+    """What the last checkpoint covered and when it was written."""
+
+    seq: int = 0
+    at: float | None = None
+
+
+@dataclass
+class _Waiters:
+    """Per-sample results kept for ``?wait=true`` requests still in flight.
+
+    Each request registers a floor (every seq it can be given is above it); results at or below
+    the smallest floor are dropped, and none are kept while nobody waits.
+    """
+
+    floors: dict[int, int] = field(default_factory=dict)
+    results: dict[int, StepResult] = field(default_factory=dict)
+    tokens: itertools.count[int] = field(default_factory=itertools.count)
+
+    def prune(self) -> None:
+        if not self.floors:
+            self.results.clear()
+            return
+        low = min(self.floors.values())
+        for seq in [s for s in self.results if s <= low]:
+            del self.results[seq]
+
+
+class ModelClosed(Exception):
+    """The model was deleted (or the service is stopping) while a request waited on it."""
+
+
+class ModelRuntime:
+    """The live state of one model and its writer task."""
+
+    def __init__(
+        self,
+        name: str,
+        config: LearnerConfig,
+        created_at: float,
+        store: Store,
+        settings: Settings,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.created_at = created_at
+        self.store = store
+        self.settings = settings
+        self.learner = Learner(config)
+        self.logged_seq = 0
+        self.checkpoint = CheckpointInfo()
+        self.metric_puts = 0
+        self.snapshot = self._publishable((0, 0))
+        self.caught_up = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._kick = asyncio.Event()
+        self._stopping = False
+        self._closed = False
+        self._waiters = _Waiters()
+        self._task: asyncio.Task[None] | None = None
+        self._since_checkpoint = 0
+        self._dirty_since: float | None = None
+        self._ckpt_applied: StreamId | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Restore the latest checkpoint (the log tail is replayed by the writer)."""
+        ckpt = await self.store.read_checkpoint(self.name)
+        self.logged_seq = await self.store.logged_seq(self.name)
+        if ckpt is None:
+            return
+        meta = ckpt.meta
+        d = self.config.dim
+        classes = meta["learner"]["classes"]
+        rows = [decode_vector(ckpt.buffer[c], d) for c in classes]
+        arrays = {
+            "L": decode_vector(ckpt.L, d * d).reshape(d, d),
+            "buffer": np.array(rows).reshape(len(rows), d),
+            "calibration": np.frombuffer(ckpt.calibration, dtype=DTYPE).reshape(-1, 2),
+        }
+        self.learner = Learner.from_state(arrays, meta["learner"])
+        self.metric_puts = int(meta.get("metric_puts", 0))
+        self.checkpoint = CheckpointInfo(int(meta["seq"]), float(meta["time"]))
+        applied = (int(meta["applied"][0]), int(meta["applied"][1]))
+        self._ckpt_applied = applied
+        self._publish(applied)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"writer:{self.name}")
+
+    async def stop(self, *, checkpoint: bool) -> None:
+        """Let the writer finish its batch, then (optionally) write a final checkpoint."""
+        self._stopping = True
+        self._kick.set()
+        if self._task is not None:
+            await self._task
+        self._closed = True
+        self._changed.set()
+        if checkpoint and self.snapshot.applied != self._ckpt_applied:
+            try:
+                await self._write_checkpoint()
+            except RedisError as exc:
+                log.warning("%s: final checkpoint failed (%s); the log keeps it", self.name, exc)
+
+    def notify_logged(self, last_seq: int) -> None:
+        """An append to this model's log succeeded: wake the writer."""
+        self.logged_seq = max(self.logged_seq, last_seq)
+        self._kick.set()
+
+    # -- the writer ----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._stopping:
+            try:
+                entries = await self.store.read_log(
+                    self.name, after(self.snapshot.applied), self.settings.batch_max
+                )
+                if entries:
+                    await self._apply(entries)
+                if len(entries) < self.settings.batch_max:
+                    self.caught_up.set()
+                if self._checkpoint_due():
+                    await self._write_checkpoint()
+                backoff = 0.1
+                if not entries:
+                    self._kick.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._kick.wait(), IDLE_POLL_S)
+            except RedisError as exc:
+                telemetry.REDIS_ERRORS.labels("writer").inc()
+                log.warning("%s: Redis error in the writer (%s); retrying", self.name, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            except Exception:
+                log.exception("%s: writer failed; retrying", self.name)
+                await asyncio.sleep(1.0)
+
+    async def _apply(self, entries: list[tuple[StreamId, dict[bytes, bytes]]]) -> None:
+        d = self.config.dim
+        i = 0
+        while i < len(entries):
+            _entry_id, fields = entries[i]
+            if b"L" in fields:  # a metric replacement, ordered in the log (PUT metric)
+                self.learner.set_metric(decode_vector(fields[b"L"], d * d).reshape(d, d))
+                self.metric_puts += 1
+                i += 1
+                continue
+            j = i
+            while j < len(entries) and b"L" not in entries[j][1]:
+                j += 1
+            run = entries[i:j]
+            X = np.stack([decode_vector(f[b"x"], d) for _, f in run])
+            y = [f[b"y"].decode() for _, f in run]
+            results = await asyncio.to_thread(self.learner.learn_many, X, y)
+            self._record(run, results)
+            i = j
+        applied = entries[-1][0]
+        self._since_checkpoint += len(entries)
+        if self._dirty_since is None:
+            self._dirty_since = time.monotonic()
+        self._publish(applied)
+
+    def _record(
+        self, run: list[tuple[StreamId, dict[bytes, bytes]]], results: list[StepResult]
+    ) -> None:
+        outcomes: dict[str, int] = {}
+        for r in results:
+            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
+        for outcome, n in outcomes.items():
+            telemetry.STEPS.labels(self.name, outcome).inc(n)
+        if self._waiters.floors:
+            low = min(self._waiters.floors.values())
+            for (entry_id, _), result in zip(run, results, strict=True):
+                if entry_id[0] > low:
+                    self._waiters.results[entry_id[0]] = result
+
+    def _publishable(self, applied: StreamId) -> Snapshot:
+        metric = Learner(self.config)
+        metric.set_metric(self.learner.L)
+        return Snapshot(
+            version=self.learner.version,
+            applied=applied,
+            metric=metric,
+            counts=self.learner.counts,
+            classes=self.learner.n_classes,
+            calibration=self.learner.calibrator.calibration(),
+            metric_puts=self.metric_puts,
+        )
+
+    def _publish(self, applied: StreamId) -> None:
+        self.snapshot = self._publishable(applied)
+        self.logged_seq = max(self.logged_seq, self.snapshot.version)
+        telemetry.MODEL_VERSION.labels(self.name).set(self.snapshot.version)
+        telemetry.MODEL_LAG.labels(self.name).set(self.logged_seq - self.snapshot.version)
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _checkpoint_due(self) -> bool:
+        if self._since_checkpoint >= self.settings.checkpoint_every:
+            return True
+        return (
+            self._dirty_since is not None
+            and time.monotonic() - self._dirty_since >= self.settings.checkpoint_interval_s
+        )
+
+    async def _write_checkpoint(self) -> None:
+        """Checkpoint the learner as of the current snapshot and trim the log behind it."""
+        applied = self.snapshot.applied
+        arrays, learner_meta = self.learner.to_state()
+        now = time.time()
+        meta = {
+            "learner": learner_meta,
+            "seq": self.learner.version,
+            "applied": list(applied),
+            "metric_puts": self.metric_puts,
+            "time": now,
+            "dtype": DTYPE.str,
+        }
+        buffer = [
+            (label, encode_vector(row))
+            for label, row in zip(learner_meta["classes"], arrays["buffer"], strict=True)
+        ]
+        written = await self.store.write_checkpoint(
+            self.name,
+            meta,
+            encode_vector(arrays["L"]),
+            encode_vector(arrays["calibration"]),
+            buffer,
+            trim_min_id=after(applied),
+        )
+        if not written:
+            return
+        self._ckpt_applied = applied
+        self._since_checkpoint = 0
+        self._dirty_since = None
+        self.checkpoint = CheckpointInfo(self.learner.version, now)
+        telemetry.CHECKPOINT_SEQ.labels(self.name).set(self.learner.version)
+        telemetry.CHECKPOINT_TIME.labels(self.name).set(now)
+        log.debug("%s: checkpoint at %s", self.name, format_id(applied))
+
+    # -- waiting -------------------------------------------------------------------------------
+
+    async def wait_applied(self, target: StreamId, timeout: float) -> bool:
+        """Wait until the log entry ``target`` is applied; False if ``timeout`` runs out."""
+        deadline = time.monotonic() + timeout
+        while self.snapshot.applied < target:
+            if self._closed:
+                raise ModelClosed(self.name)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return True
+
+    async def wait_change(self, seen: Snapshot) -> None:
+        """Return once a snapshot newer than ``seen`` is published (or the model closes)."""
+        while self.snapshot is seen and not self._closed:
+            await self._changed.wait()
+        if self._closed:
+            raise ModelClosed(self.name)
+
+    def want_results(self) -> int:
+        """Register interest in per-sample results (for ``?wait=true``); returns a token."""
+        token = next(self._waiters.tokens)
+        self._waiters.floors[token] = self.snapshot.version
+        return token
+
+    def raise_floor(self, token: int, floor: int) -> None:
+        self._waiters.floors[token] = floor
+        self._waiters.prune()
+
+    def results(self, first: int, last: int) -> list[dict[str, Any]] | None:
+        """Per-sample results of seqs ``first..last`` if still kept, else None."""
+        kept = self._waiters.results
+        if any(seq not in kept for seq in range(first, last + 1)):
+            return None
+        return [{"seq": seq, **kept[seq].to_dict()} for seq in range(first, last + 1)]
+
+    def release(self, token: int) -> None:
+        self._waiters.floors.pop(token, None)
+        self._waiters.prune()

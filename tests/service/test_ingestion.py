@@ -1,0 +1,126 @@
+"""POST /v1/models/{name}/samples: seqs, idempotency, ?wait=true, and every rejection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+
+from tests.service.support import assert_problem, core_learner, make_model
+
+
+def post(api: httpx.Client, name: str, body: Any, **kw: Any) -> httpx.Response:
+    return api.post(f"/v1/models/{name}/samples", json=body, **kw)
+
+
+def test_seq_starts_at_1_and_grows_by_1_per_sample(api: httpx.Client, name: str) -> None:
+    make_model(api, name, 2)
+    one = post(api, name, {"x": [1, 2], "y": "a"})
+    assert one.status_code == 202
+    assert one.json() == {"accepted": 1, "first_seq": 1, "last_seq": 1}
+    batch = post(api, name, {"samples": [{"x": [0, 1], "y": 3}, {"x": [2, 2], "y": "3"}]})
+    assert batch.json() == {"accepted": 2, "first_seq": 2, "last_seq": 3}
+    assert post(api, name, {"x": [5, 5], "y": "b"}).json()["first_seq"] == 4
+
+
+def test_wait_returns_results_equal_to_the_core(api: httpx.Client, name: str) -> None:
+    make_model(api, name, 2, gamma=0.05, seed=3)
+    X = [[0, 0], [0, 0.2], [1, 0], [0.1, 0.1], [1, 0.3], [0.5, 0.5]]
+    y = ["a", "a", 7, "a", "7", "a"]  # 7 and "7" are the same class
+    response = post(api, name, {"samples": [{"x": x, "y": v} for x, v in zip(X, y, strict=False)]},
+                    params={"wait": "true"})  # fmt: skip
+    assert response.status_code == 200
+    body = response.json()
+    assert body["version"] >= 6 and (body["first_seq"], body["last_seq"]) == (1, 6)
+    expected = core_learner(np.zeros((0, 2)), [], dim=2, gamma=0.05, seed=3).learn_many(
+        X, [str(v) for v in y]
+    )
+    assert [r["seq"] for r in body["results"]] == [1, 2, 3, 4, 5, 6]
+    for got, want in zip(body["results"], expected, strict=True):
+        keys = ("outcome", "hinge", "d_pos", "d_neg")  # JSON floats round-trip exactly
+        assert {k: got[k] for k in keys} == {k: getattr(want, k) for k in keys}
+    assert api.get(f"/v1/models/{name}").json()["classes"] == 2
+
+
+def test_idempotency_key_replays_and_logs_nothing(
+    api: httpx.Client, rdb: redis.Redis, name: str
+) -> None:
+    make_model(api, name, 2)
+    body = {"samples": [{"x": [1, 1], "y": "a"}, {"x": [2, 1], "y": "b"}]}
+    first = post(api, name, body, headers={"Idempotency-Key": "req-1"})
+    again = post(api, name, body, headers={"Idempotency-Key": "req-1"})
+    assert first.status_code == again.status_code == 202
+    assert first.json() == again.json() == {"accepted": 2, "first_seq": 1, "last_seq": 2}
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 2
+    other = post(api, name, {"x": [0, 0], "y": "a"}, headers={"Idempotency-Key": "req-1"})
+    assert assert_problem(other, 409)["first_seq"] == 1
+    assert post(api, name, body, headers={"Idempotency-Key": "req-2"}).json()["first_seq"] == 3
+
+
+@pytest.mark.parametrize(
+    ("body", "where"),
+    [
+        ({"x": [1, 2, 3], "y": "a"}, "body.x"),  # wrong length
+        ({"x": [1, "two"], "y": "a"}, "body.x"),
+        ({"x": [1, 2]}, "body"),
+        ({"y": "a"}, "body"),
+        ({"x": [1, 2], "y": ""}, "body.y"),
+        ({"x": [1, 2], "y": "z" * 129}, "body.y"),
+        ({"x": [1, 2], "y": int("9" * 129)}, "body.y"),
+        ({"x": [1, 2], "y": True}, "body.y"),
+        ({"x": [1, 2], "y": 1.5}, "body.y"),
+        ({"samples": []}, "body.samples"),
+        ({"samples": [{"x": [1, 2], "y": "a"}, {"x": [1], "y": "a"}]}, "body.samples.1.x"),
+        ({"x": [1, 2], "y": "a", "samples": [{"x": [1, 2], "y": "a"}]}, "body"),
+    ],
+)
+def test_invalid_samples_are_422_and_change_nothing(
+    api: httpx.Client, name: str, body: dict[str, Any], where: str
+) -> None:
+    make_model(api, name, 2)
+    problem = assert_problem(post(api, name, body), 422)
+    locs = [".".join(str(p) for p in e["loc"]) for e in problem["errors"]]
+    assert any(loc.startswith(where) for loc in locs), locs
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 0
+
+
+def test_non_finite_values_are_422(api: httpx.Client, name: str) -> None:
+    make_model(api, name, 2)
+    bodies = [
+        b'{"x": [NaN, 1], "y": "a"}',
+        b'{"x": [1e400, 1], "y": "a"}',
+        b'{"samples": [{"x": [1, 1], "y": "a"}, {"x": [1, Infinity], "y": "a"}]}',
+    ]
+    for raw in bodies:
+        response = api.post(
+            f"/v1/models/{name}/samples", content=raw, headers={"content-type": "application/json"}
+        )
+        assert "NaN or Inf" in assert_problem(response, 422)["detail"]
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 0
+
+
+def test_batch_and_class_limits(api: httpx.Client, name: str) -> None:
+    make_model(api, name, 1)
+    too_long = {"samples": [{"x": [1], "y": "a"}] * 501}  # OPML_MAX_BATCH=500
+    assert "OPML_MAX_BATCH" in assert_problem(post(api, name, too_long), 422)["detail"]
+    nineteen = {"samples": [{"x": [k], "y": k} for k in range(19)]}
+    assert post(api, name, nineteen).status_code == 202
+    three_new = {"samples": [{"x": [0], "y": 0}, {"x": [1], "y": "new1"}, {"x": [2], "y": "new2"}]}
+    problem = assert_problem(post(api, name, three_new), 422)  # OPML_MAX_CLASSES=20
+    assert "OPML_MAX_CLASSES" in problem["detail"]
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 19
+    assert (
+        post(api, name, {"samples": [{"x": [3], "y": 3}, {"x": [4], "y": "new1"}]}).json()[
+            "last_seq"
+        ]
+        == 21
+    )
+
+
+def test_unknown_model_is_404(api: httpx.Client) -> None:
+    assert_problem(post(api, "ghost", {"x": [1], "y": 1}), 404)
+    assert_problem(post(api, "Bad Name", {"x": [1], "y": 1}), 422)

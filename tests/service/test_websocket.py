@@ -1,0 +1,95 @@
+"""WS /stream (acks, errors, resends) and WS /events (push)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+from websockets.sync.client import connect
+
+from tests.service.conftest import ServiceProcess
+from tests.service.support import core_learner, make_model, stream
+
+
+def test_stream_acks_in_frame_order_and_equals_the_core(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    X, y = stream(300, 4, 3, seed=4)
+    make_model(api, name, 4, gamma=0.05)
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        for k in range(0, 300, 10):  # pipelined: send everything, then read
+            samples = [{"x": X[i].tolist(), "y": y[i]} for i in range(k, k + 10)]
+            ws.send(json.dumps({"id": f"f{k}", "samples": samples}))
+        ws.send(json.dumps({"id": 999, "x": [1, 2, 3, 4], "y": "single"}))
+        acks = [json.loads(ws.recv(timeout=30)) for _ in range(31)]
+    assert [a["ack"] for a in acks] == [f"f{k}" for k in range(0, 300, 10)] + [999]
+    assert [(a["first_seq"], a["last_seq"]) for a in acks[:-1]] == [
+        (k + 1, k + 10) for k in range(0, 300, 10)
+    ]
+    assert (acks[-1]["first_seq"], acks[-1]["last_seq"]) == (301, 301)
+    ref = core_learner(np.vstack([X, [[1, 2, 3, 4]]]), [*y, "single"], dim=4, gamma=0.05)
+    got = api.get(f"/v1/models/{name}/metric", params={"min_version": 301}).json()
+    np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
+
+
+def test_bad_frames_get_error_frames_and_the_connection_survives(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    make_model(api, name, 2)
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        ws.send("{not json")
+        ws.send(json.dumps({"x": [1, 2], "y": "a"}))  # no id
+        ws.send(json.dumps({"id": "wrong-dim", "x": [1, 2, 3], "y": "a"}))
+        ws.send(json.dumps({"id": "nan", "samples": [{"x": [1, 2], "y": "a"}, {"x": [1], "y": 1}]}))
+        ws.send(json.dumps({"id": "ok", "x": [1, 2], "y": "a"}))
+        frames = [json.loads(ws.recv(timeout=10)) for _ in range(5)]
+    for frame in frames[:4]:
+        assert frame["error"]["status"] == 422 and frame["error"]["detail"]
+    assert [f.get("id") for f in frames[:4]] == [None, None, "wrong-dim", "nan"]
+    assert frames[4] == {"ack": "ok", "first_seq": 1, "last_seq": 1}
+
+
+def test_a_resent_frame_id_is_acked_with_its_original_seqs(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    make_model(api, name, 2)
+    frame = {"id": "batch-1", "samples": [{"x": [1, 2], "y": "a"}, {"x": [2, 2], "y": "b"}]}
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        ws.send(json.dumps(frame))
+        first = json.loads(ws.recv(timeout=10))
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:  # reconnect, resend
+        ws.send(json.dumps(frame))
+        again = json.loads(ws.recv(timeout=10))
+        ws.send(json.dumps({**frame, "samples": frame["samples"][:1]}))
+        conflict = json.loads(ws.recv(timeout=10))
+    assert first == {"ack": "batch-1", "first_seq": 1, "last_seq": 2}
+    assert again == {**first, "replayed": True}
+    assert conflict["error"]["status"] == 409 and conflict["id"] == "batch-1"
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 2
+
+
+def test_stream_to_an_unknown_model_gets_a_404_error_frame(service: ServiceProcess) -> None:
+    with connect(f"{service.ws_url}/v1/models/ghost/stream") as ws:
+        frame = json.loads(ws.recv(timeout=10))
+    assert frame["error"]["status"] == 404 and frame["id"] is None
+
+
+def test_events_push_the_model_state(service: ServiceProcess, api: httpx.Client, name: str) -> None:
+    make_model(api, name, 2)
+    with connect(f"{service.ws_url}/v1/models/{name}/events?interval_ms=50") as ws:
+        initial = json.loads(ws.recv(timeout=10))
+        assert initial["version"] == 0 and initial["dropped"] == 0
+        samples = [{"x": [i, 1], "y": i % 2} for i in range(30)]
+        api.post(f"/v1/models/{name}/samples?wait=true", json={"samples": samples})
+        frame = json.loads(ws.recv(timeout=10))
+        while frame["version"] < 30:
+            frame = json.loads(ws.recv(timeout=10))
+    assert frame["samples_seen"] == 30 and frame["classes"] == 2
+    assert {"triplet", "pair", "passive"} <= frame["updates"].keys()
+    assert {"threshold", "calibrated"} <= frame["verification"].keys()
+
+
+def test_events_of_an_unknown_model(service: ServiceProcess) -> None:
+    with connect(f"{service.ws_url}/v1/models/ghost/events") as ws:
+        assert json.loads(ws.recv(timeout=10))["error"]["status"] == 404
