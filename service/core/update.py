@@ -51,7 +51,11 @@ MIN_EIGENVALUE = 0.1
 
 @dataclass(frozen=True, slots=True)
 class Eigen:
-    """Eigenvalues of ``A = a a^T - b b^T`` on the span of ``a, b`` (Lemma 2)."""
+    """Eigenvalues of ``A = a a^T - b b^T`` on the span of ``a, b`` (Lemma 2).
+
+    >>> Eigen(plus=2.0, minus=-1.0).minus
+    -1.0
+    """
 
     plus: float
     minus: float
@@ -112,6 +116,13 @@ class EntryBound:
     A correction ``p q^T`` changes no entry by more than ``max|p| max|q| <= ||p|| ||q||``, so
     the bound grows by that (O(1) from quantities the step already has) and is re-measured
     exactly, in O(d^2), only when it nears the limit.
+
+    >>> L = np.eye(3)
+    >>> bound = EntryBound(L)
+    >>> bound.admits(L, 2.0), bound.value
+    (True, 3.0)
+    >>> bound.admits(L, 2 * MAX_ABS_ENTRY)   # re-measured exactly (1.0): still too much
+    False
     """
 
     __slots__ = ("value",)
