@@ -20,6 +20,8 @@ from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import telemetry
+
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 #: Base of the ``type`` URIs (relative references, RFC 9457 Sec. 3.1.1).
 TYPE_BASE = "/problems/"
@@ -173,6 +175,7 @@ def install(app: FastAPI) -> None:
 
     async def on_redis(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RedisError)
+        telemetry.REDIS_ERRORS.labels("api").inc()
         return problem_response(from_redis(exc))
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from service import errors
+from service import errors, telemetry
 from service.api.limits import BodyLimit
 from service.api.main import api_router
 from service.config import Settings, get_settings
@@ -43,11 +43,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     client = connect(url, settings.redis_timeout_s)
     models = ModelService(Store(client), settings)
     app.state.models = models
+    telemetry.watch_models(lambda: list(models.runtimes.values()))
     models.start()
     try:
         yield
     finally:
         await models.close()
+        telemetry.watch_models(tuple)
         await client.aclose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
@@ -68,4 +70,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(api_router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(telemetry.HttpMetrics)  # outermost: times and counts every answer
     return app

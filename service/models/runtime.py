@@ -48,7 +48,8 @@ class Snapshot:
     """An immutable view of a model after some applied log prefix.
 
     ``metric`` is a private :class:`Learner` holding only a copy of ``L``; the queries call its
-    methods, so their arithmetic is the core's own.
+    methods, so their arithmetic is the core's own. ``frobenius_norm`` (``||L||_F``, O(d^2) on
+    that copy) and ``hinge_loss`` (mean hinge of the calibration window) are for telemetry.
     """
 
     version: int
@@ -58,6 +59,8 @@ class Snapshot:
     classes: int
     calibration: Calibration
     metric_puts: int
+    frobenius_norm: float
+    hinge_loss: float | None
 
 
 @dataclass
@@ -124,11 +127,13 @@ class ModelRuntime:
         self._since_checkpoint = 0
         self._dirty_since: float | None = None
         self._ckpt_applied: StreamId | None = None
+        self._replaying = False  # applying the log tail found at start-up
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def load(self) -> None:
         """Restore the latest checkpoint (the log tail is replayed by the writer)."""
+        self._replaying = True
         ckpt = await self.store.read_checkpoint(self.name)
         self.logged_seq = await self.store.logged_seq(self.name)
         if ckpt is None:
@@ -150,6 +155,7 @@ class ModelRuntime:
         self._publish(applied)
 
     def start(self) -> None:
+        telemetry.model_started(self.name, self.learner.counts)
         self._task = asyncio.create_task(self._run(), name=f"writer:{self.name}")
 
     async def stop(self, *, checkpoint: bool) -> None:
@@ -164,6 +170,7 @@ class ModelRuntime:
             try:
                 await self._write_checkpoint()
             except RedisError as exc:
+                telemetry.REDIS_ERRORS.labels("writer").inc()
                 log.warning("%s: final checkpoint failed (%s); the log keeps it", self.name, exc)
 
     def notify_logged(self, last_seq: int) -> None:
@@ -184,6 +191,7 @@ class ModelRuntime:
                     await self._apply(entries)
                 if len(entries) < self.settings.batch_max:
                     self.caught_up.set()
+                    self._replaying = False
                 if self._checkpoint_due():
                     await self._write_checkpoint()
                 backoff = 0.1
@@ -201,6 +209,7 @@ class ModelRuntime:
                 await asyncio.sleep(1.0)
 
     async def _apply(self, entries: list[tuple[StreamId, dict[bytes, bytes]]]) -> None:
+        started = time.perf_counter()
         d = self.config.dim
         i = 0
         while i < len(entries):
@@ -224,6 +233,7 @@ class ModelRuntime:
         if self._dirty_since is None:
             self._dirty_since = time.monotonic()
         self._publish(applied)
+        telemetry.UPDATE_DURATION.labels(self.name).observe(time.perf_counter() - started)
 
     def _record(
         self, run: list[tuple[StreamId, dict[bytes, bytes]]], results: list[StepResult]
@@ -233,6 +243,8 @@ class ModelRuntime:
             outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
         for outcome, n in outcomes.items():
             telemetry.STEPS.labels(self.name, outcome).inc(n)
+        if self._replaying:
+            telemetry.REPLAYED.labels(self.name).inc(len(results))
         if self._waiters.floors:
             low = min(self._waiters.floors.values())
             for (entry_id, _), result in zip(run, results, strict=True):
@@ -242,6 +254,8 @@ class ModelRuntime:
     def _publishable(self, applied: StreamId) -> Snapshot:
         metric = Learner(self.config)
         metric.set_metric(self.learner.L)
+        window, _ = self.learner.calibrator.to_state()
+        hinge = np.maximum(self.config.margin + window[:, 0] - window[:, 1], 0.0)  # Eq. 4
         return Snapshot(
             version=self.learner.version,
             applied=applied,
@@ -250,13 +264,13 @@ class ModelRuntime:
             classes=self.learner.n_classes,
             calibration=self.learner.calibrator.calibration(),
             metric_puts=self.metric_puts,
+            frobenius_norm=float(np.linalg.norm(metric.L)),
+            hinge_loss=float(hinge.mean()) if len(hinge) else None,
         )
 
     def _publish(self, applied: StreamId) -> None:
         self.snapshot = self._publishable(applied)
         self.logged_seq = max(self.logged_seq, self.snapshot.version)
-        telemetry.MODEL_VERSION.labels(self.name).set(self.snapshot.version)
-        telemetry.MODEL_LAG.labels(self.name).set(self.logged_seq - self.snapshot.version)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -272,6 +286,7 @@ class ModelRuntime:
 
     async def _write_checkpoint(self) -> None:
         """Checkpoint the learner as of the current snapshot and trim the log behind it."""
+        started = time.perf_counter()
         applied = self.snapshot.applied
         arrays, learner_meta = self.learner.to_state()
         now = time.time()
@@ -301,8 +316,7 @@ class ModelRuntime:
         self._since_checkpoint = 0
         self._dirty_since = None
         self.checkpoint = CheckpointInfo(self.learner.version, now)
-        telemetry.CHECKPOINT_SEQ.labels(self.name).set(self.learner.version)
-        telemetry.CHECKPOINT_TIME.labels(self.name).set(now)
+        telemetry.CHECKPOINT_DURATION.labels(self.name).observe(time.perf_counter() - started)
         log.debug("%s: checkpoint at %s", self.name, format_id(applied))
 
     # -- waiting -------------------------------------------------------------------------------

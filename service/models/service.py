@@ -21,12 +21,12 @@ from service import telemetry
 from service.config import Settings
 from service.core import LearnerConfig
 from service.core.calibration import MIN_PAIRS
-from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
+from service.errors import Conflict, LimitExceeded, NotFound, ServiceError, Unavailable
 from service.models import inputs
 from service.models.runtime import ModelClosed, ModelRuntime, Snapshot
 from service.models.schemas import ModelCreate, Sample
 from service.storage.codec import StreamId, encode_vector, sample_id
-from service.storage.store import NoSuchModel, Store, TooManyClasses
+from service.storage.store import Appended, NoSuchModel, Store, TooManyClasses
 
 log = logging.getLogger("service.models")
 
@@ -77,7 +77,7 @@ class ModelService:
                 log.info("%d model(s) loaded", len(self.runtimes))
                 return
             except RedisError as exc:
-                telemetry.REDIS_ERRORS.labels("load").inc()
+                telemetry.REDIS_ERRORS.labels("loader").inc()
                 log.warning("loading models: Redis unavailable (%s); retrying", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
@@ -173,46 +173,21 @@ class ModelService:
         transport: str,
     ) -> IngestResult:
         """Validate, append atomically to the log, and (``wait``) wait until applied."""
-        s = self.settings
         runtime = self.get(name)
-        if len(items) > s.max_batch:
-            raise LimitExceeded(
-                f"{len(items)} samples in one request; at most {s.max_batch} (OPML_MAX_BATCH)"
-            )
-        X, keys = inputs.samples(items, runtime.config.dim, loc, indexed)
-        digest = inputs.fingerprint(X, keys)
         token = runtime.want_results() if wait else None
         try:
             try:
-                appended = await self.store.append_samples(
-                    name,
-                    [(encode_vector(row), key) for row, key in zip(X, keys, strict=True)],
-                    idempotency_field=idempotency_field,
-                    fingerprint=digest,
-                    now_ms=int(time.time() * 1000),
-                    ttl_ms=s.idempotency_ttl_s * 1000,
-                    max_classes=s.max_classes,
-                )
-            except NoSuchModel:
-                raise NotFound(f"model {name!r} does not exist") from None
-            except TooManyClasses as exc:
-                raise LimitExceeded(
-                    f"the model has {exc.have} classes; at most {s.max_classes} per model "
-                    "(OPML_MAX_CLASSES)"
-                ) from None
-            if appended.replayed and appended.fingerprint != digest:
-                telemetry.INGEST_REQUESTS.labels(transport, "conflict").inc()
-                raise Conflict(
-                    "this idempotency key / frame id was used for different samples",
-                    first_seq=appended.first_seq,
-                    last_seq=appended.last_seq,
-                )
+                appended = await self._append(runtime, items, idempotency_field, loc, indexed)
+            except (ServiceError, RedisError) as exc:
+                reason = exc.slug if isinstance(exc, ServiceError) else Unavailable.slug
+                if reason != NotFound.slug:  # a vanished model has no series to count in
+                    telemetry.SAMPLES_REJECTED.labels(name, transport, reason).inc(len(items))
+                raise
             n = appended.last_seq - appended.first_seq + 1
             if appended.replayed:
-                telemetry.INGEST_REQUESTS.labels(transport, "replayed").inc()
+                telemetry.IDEMPOTENT_REPLAYS.labels(name, transport).inc()
             else:
-                telemetry.INGEST_REQUESTS.labels(transport, "accepted").inc()
-                telemetry.SAMPLES_INGESTED.labels(name).inc(n)
+                telemetry.SAMPLES_ACCEPTED.labels(name, transport).inc(n)
                 runtime.notify_logged(appended.last_seq)
             if token is None:
                 return IngestResult(n, appended.first_seq, appended.last_seq, appended.replayed)
@@ -230,6 +205,47 @@ class ModelService:
         finally:
             if token is not None:
                 runtime.release(token)
+
+    async def _append(
+        self,
+        runtime: ModelRuntime,
+        items: list[Sample],
+        idempotency_field: str,
+        loc: list[str | int],
+        indexed: bool,
+    ) -> Appended:
+        """Check the samples against the model and the limits, then log them atomically."""
+        s = self.settings
+        if len(items) > s.max_batch:
+            raise LimitExceeded(
+                f"{len(items)} samples in one request; at most {s.max_batch} (OPML_MAX_BATCH)"
+            )
+        X, keys = inputs.samples(items, runtime.config.dim, loc, indexed)
+        digest = inputs.fingerprint(X, keys)
+        try:
+            appended = await self.store.append_samples(
+                runtime.name,
+                [(encode_vector(row), key) for row, key in zip(X, keys, strict=True)],
+                idempotency_field=idempotency_field,
+                fingerprint=digest,
+                now_ms=int(time.time() * 1000),
+                ttl_ms=s.idempotency_ttl_s * 1000,
+                max_classes=s.max_classes,
+            )
+        except NoSuchModel:
+            raise NotFound(f"model {runtime.name!r} does not exist") from None
+        except TooManyClasses as exc:
+            raise LimitExceeded(
+                f"the model has {exc.have} classes; at most {s.max_classes} per model "
+                "(OPML_MAX_CLASSES)"
+            ) from None
+        if appended.replayed and appended.fingerprint != digest:
+            raise Conflict(
+                "this idempotency key / frame id was used for different samples",
+                first_seq=appended.first_seq,
+                last_seq=appended.last_seq,
+            )
+        return appended
 
     async def _wait_applied(
         self, runtime: ModelRuntime, target: StreamId, first: int, last: int

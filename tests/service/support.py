@@ -6,7 +6,9 @@ answer must have.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +19,8 @@ from typing import Any
 import httpx
 import numpy as np
 import redis
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.core import Learner, LearnerConfig
 from service.storage.embedded import free_port, redis_server_binary
@@ -162,3 +166,82 @@ def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:
     assert {"type", "title", "detail"} <= body.keys()
     assert "Traceback" not in response.text
     return body
+
+
+# -- Prometheus: the service's exposition, and the metric names dashboards and alerts use ------
+
+DEPLOY = ROOT / "deploy"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "opml.json"
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+
+#: PromQL words that look like identifiers but are not metric names.
+PROMQL_KEYWORDS = frozenset(
+    {
+        "and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right",
+        "offset", "bool", "inf", "nan",  # and the aggregations, written `sum by (...) (...)`:
+        "sum", "min", "max", "avg", "group", "stddev", "stdvar", "count", "count_values",
+        "bottomk", "topk", "quantile",
+    }
+)  # fmt: skip
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """Metric names an expression selects: identifiers not inside strings, label matchers,
+    range brackets or grouping clauses, that are not functions (``name(``), keywords, numbers,
+    durations or Grafana variables (``$model``)."""
+    expr = re.sub(r'"(?:\\.|[^"\\])*"|\'(?:\\.|[^\'\\])*\'|`[^`]*`', '""', expr)
+    expr = re.sub(r"\{[^}]*\}", "{}", expr)
+    expr = re.sub(r"\[[^\]]*\]", "[]", expr)
+    expr = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
+    names = set()
+    for match in re.finditer(r"(?<![\w.$])[A-Za-z_:][\w:]*", expr):
+        rest = expr[match.end() :].lstrip()
+        if rest.startswith("(") or match.group() in PROMQL_KEYWORDS:
+            continue
+        names.add(match.group())
+    return names
+
+
+def dashboard_exprs() -> list[str]:
+    """Every PromQL expression of the Grafana dashboard (panel targets, template queries)."""
+    board = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+    for var in board["templating"]["list"]:  # Grafana's label_values(selector, label)
+        exprs.append(re.sub(r"^label_values\((.*),\s*\w+\)$", r"\1", var["definition"]))
+    return exprs
+
+
+def alert_exprs() -> dict[str, str]:
+    """Alert name -> expression, from the Prometheus rule file."""
+    rules = yaml.safe_load(ALERTS.read_text())
+    return {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"]}
+
+
+def exported_names(exposition: str) -> set[str]:
+    """Series names a scrape of ``exposition`` can yield (histograms: _bucket, _sum, _count)."""
+    names = set()
+    for line in exposition.splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            suffixes = ("_bucket", "_sum", "_count") if kind == "histogram" else ("",)
+            names.update(name + s for s in suffixes)
+        elif line and not line.startswith("#"):
+            names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
+    return names
+
+
+def scrape(client: httpx.Client) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """``GET /metrics`` as {(series name, labels): value}."""
+    text = client.get("/metrics").text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def series(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+           **labels: str) -> dict[frozenset[tuple[str, str]], float]:  # fmt: skip
+    """The samples of ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return {lab: v for (n, lab), v in samples.items() if n == name and want <= lab}

@@ -17,10 +17,11 @@ def test_metrics_exposes_ingestion_and_learner_series(api: httpx.Client, name: s
     make_model(api, name, 2)
     api.post(f"/v1/models/{name}/samples?wait=true", json={"x": [1, 2], "y": "a"})
     text = api.get("/metrics").text
-    assert f'opml_samples_ingested_total{{model="{name}"}} 1.0' in text
+    assert f'opml_samples_accepted_total{{model="{name}",transport="rest"}} 1.0' in text
     assert f'opml_steps_total{{model="{name}",outcome="new_class"}} 1.0' in text
     assert f'opml_model_version{{model="{name}"}} 1.0' in text
-    assert "opml_model_lag" in text and "opml_checkpoint_timestamp_seconds" in text
+    assert f'opml_ingest_lag{{model="{name}"}} 0.0' in text
+    assert f'opml_checkpoint_age_seconds{{model="{name}"}}' in text
 
 
 def test_openapi_has_stable_operation_ids(api: httpx.Client) -> None:

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, Header, Response
 
+from service import telemetry
 from service.api.deps import MinVersionDep, ModelsDep, NameDep
 from service.models import inputs
 from service.models.schemas import (
@@ -82,8 +83,10 @@ async def verify(
         value = snap.metric.squared_distance(a, b)
     inputs.finite_or_422(np.array([value]), "squared_distance")
     threshold, source = verify_threshold(snap, snap.metric.config.margin, body.threshold)
+    same = value <= threshold
+    telemetry.VERIFY_DECISIONS.labels(name, "same" if same else "different", source).inc()
     return VerifyOut(
-        same=value <= threshold,
+        same=same,
         squared_distance=value,
         threshold=threshold,
         calibrated=snap.calibration.calibrated,

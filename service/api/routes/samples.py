@@ -45,7 +45,7 @@ async def ingest_samples(
         wait=wait,
         loc=["body", "samples"] if body.samples is not None else ["body"],
         indexed=body.samples is not None,
-        transport="http",
+        transport="rest",
     )
     headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
     answer = Accepted(

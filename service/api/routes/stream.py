@@ -37,6 +37,10 @@ router = APIRouter(prefix="/v1/models/{name}", tags=["websocket"])
 CLOSE_NOT_FOUND = 4404
 
 
+#: A received frame waiting for its answer: receipt time, frame id, parsed frame or its error.
+_Pending = tuple[float, Any, StreamFrame | ServiceError]
+
+
 def _frame_id(raw: Any) -> Any:
     return raw.get("id") if isinstance(raw, dict) else None
 
@@ -58,17 +62,17 @@ async def stream_samples(websocket: WebSocket, name: str, models: WsModelsDep) -
     """Ingestion over one connection: frames in, ``ack`` / ``error`` frames out, in order."""
     if await _open(websocket, models, name) is None:
         return
-    window: asyncio.Queue[tuple[Any, StreamFrame | ServiceError] | None] = asyncio.Queue(
-        models.settings.ws_window
-    )
+    window: asyncio.Queue[_Pending | None] = asyncio.Queue(models.settings.ws_window)
     sender = asyncio.create_task(_send_acks(websocket, models, name, window))
+    telemetry.WS_CONNECTIONS.labels("stream").inc()
     try:
         while True:
             text = await websocket.receive_text()
-            await window.put(_parse(text))
+            await window.put((time.perf_counter(), *_parse(text)))
     except WebSocketDisconnect:
         pass
     finally:
+        telemetry.WS_CONNECTIONS.labels("stream").dec()
         sender.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await sender
@@ -94,13 +98,13 @@ async def _send_acks(
     websocket: WebSocket,
     models: ModelService,
     name: str,
-    window: asyncio.Queue[tuple[Any, StreamFrame | ServiceError] | None],
+    window: asyncio.Queue[_Pending | None],
 ) -> None:
     while True:
         item = await window.get()
         if item is None:
             return
-        frame_id, frame = item
+        received, frame_id, frame = item
         try:
             if isinstance(frame, ServiceError):
                 raise frame
@@ -125,6 +129,8 @@ async def _send_acks(
             telemetry.REDIS_ERRORS.labels("ws").inc()
             answer = {"error": from_redis(exc).problem(), "id": frame_id}
         await websocket.send_json(answer)
+        outcome = "error" if "error" in answer else "ack"
+        telemetry.WS_FRAME_DURATION.labels(outcome).observe(time.perf_counter() - received)
 
 
 @router.websocket("/events", name="model_events")
@@ -181,6 +187,7 @@ async def model_events(
             await websocket.receive_text()
 
     tasks = [asyncio.create_task(t()) for t in (produce, deliver, drain)]
+    telemetry.WS_CONNECTIONS.labels("events").inc()
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
@@ -190,6 +197,7 @@ async def model_events(
                     await websocket.send_json({"error": problem, "id": None})
                     await websocket.close(CLOSE_NOT_FOUND)
     finally:
+        telemetry.WS_CONNECTIONS.labels("events").dec()
         for task in tasks:
             task.cancel()
         for task in tasks:
