@@ -1,0 +1,431 @@
+"""Everything the sync and async clients share, with no I/O: input coercion, the requests of
+every operation (:class:`Call`), reading answers, retry decisions, and the ingestion window.
+
+The two clients differ only in how they wait (``time.sleep`` and blocking sockets versus
+``await``); what they send, how they read answers and when they retry is decided here once.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+from urllib.parse import quote
+
+import httpx
+import numpy as np
+
+from clients.errors import APIError, ConnectionFailed, FrameRejected, from_problem
+from clients.retry import RetryPolicy
+from clients.types import (
+    Ack,
+    Array,
+    Distance,
+    Distances,
+    Ingested,
+    MetricSnapshot,
+    Model,
+    Progress,
+    Transformed,
+    Verdict,
+)
+
+T = TypeVar("T")
+Label = int | str
+FrameId = int | str
+NPY = "application/x-npy"
+
+# -- inputs ------------------------------------------------------------------------------------
+
+
+def _floats(value: Any, name: str) -> Array:
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: not a numeric array ({exc})") from None
+
+
+def vector(value: Any, name: str) -> list[float]:
+    """A finite 1-D vector (list, tuple or numpy array) as a JSON list."""
+    arr = _floats(value, name)
+    if arr.ndim != 1 or arr.size == 0:
+        raise ValueError(f"{name}: expected a non-empty vector, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError(f"{name}: contains NaN or Inf")
+    out: list[float] = arr.tolist()
+    return out
+
+
+def matrix(value: Any, name: str) -> list[list[float]]:
+    """A finite 2-D matrix with at least one row as a JSON list of lists."""
+    arr = _floats(value, name)
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name}: expected a non-empty 2-D matrix, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        bad = int(np.flatnonzero(~np.isfinite(arr).all(axis=1))[0])
+        raise ValueError(f"{name}: row {bad} contains NaN or Inf")
+    out: list[list[float]] = arr.tolist()
+    return out
+
+
+def label(value: Any, name: str = "y") -> Label:
+    """A label as the contract knows it: an int, or a string of 1-128 characters.
+
+    Integral floats (labels read from a numeric file) become ints; numpy scalars plain ones.
+
+    >>> label(np.int64(3)), label(2.0), label("cat")
+    (3, 2, 'cat')
+    """
+    if isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name}: a label is a string or an integer, got a boolean")
+    if isinstance(value, int | np.integer):
+        return int(value)
+    if isinstance(value, float | np.floating):
+        if not float(value).is_integer():
+            raise ValueError(f"{name}: a numeric label must be an integer, got {value!r}")
+        return int(value)
+    if isinstance(value, str):
+        if not 1 <= len(value) <= 128:
+            raise ValueError(f"{name}: a label has 1 to 128 characters, got {len(value)}")
+        return value
+    raise ValueError(f"{name}: a label is a string or an integer, got {type(value).__name__}")
+
+
+def labels(values: Any, n: int) -> list[Label]:
+    """``n`` labels from a sequence or 1-D array."""
+    seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    if len(seq) != n:
+        raise ValueError(f"y: expected {n} labels, got {len(seq)}")
+    return [label(v, f"y[{i}]") for i, v in enumerate(seq)]
+
+
+def samples(X: Any, y: Any) -> list[dict[str, Any]]:
+    """Rows of ``X`` with their labels as ``[{x, y}, ...]``."""
+    rows = matrix(X, "X")
+    return [{"x": x, "y": lab} for x, lab in zip(rows, labels(y, len(rows)), strict=True)]
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One HTTP request and how to read its answer.
+
+    ``replay_safe`` says whether sending it twice is harmless, so that a connection dropped
+    after the request went out may be retried (a refused connection always may).
+    """
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    json: Any = None
+    params: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
+    replay_safe: bool = True
+
+
+def _model_path(name: str, tail: str = "") -> str:
+    return f"/v1/models/{quote(name, safe='')}{tail}"
+
+
+def _json_of(response: httpx.Response) -> Any:
+    return response.json()
+
+
+def _version_params(min_version: int | None) -> dict[str, Any]:
+    return {} if min_version is None else {"min_version": int(min_version)}
+
+
+def create_model(name: str, dim: int, options: dict[str, Any]) -> Call[Model]:
+    body = {"name": name, "dim": int(dim), **{k: v for k, v in options.items() if v is not None}}
+    return Call("POST", "/v1/models", lambda r: Model.from_json(r.json()), body, replay_safe=False)
+
+
+def list_models() -> Call[list[Model]]:
+    return Call("GET", "/v1/models", lambda r: [Model.from_json(m) for m in r.json()["models"]])
+
+
+def get_model(name: str) -> Call[Model]:
+    return Call("GET", _model_path(name), lambda r: Model.from_json(r.json()))
+
+
+def delete_model(name: str) -> Call[None]:
+    return Call("DELETE", _model_path(name), lambda r: None, replay_safe=False)
+
+
+def ingest(
+    body: dict[str, Any], name: str, wait: bool, idempotency_key: str | None
+) -> Call[Ingested]:
+    # A generated key makes the retry of a request whose answer was lost log nothing twice.
+    key = idempotency_key or uuid.uuid4().hex
+    return Call(
+        "POST",
+        _model_path(name, "/samples"),
+        lambda r: Ingested.from_json(r.json()),
+        body,
+        {"wait": "true"} if wait else {},
+        {"Idempotency-Key": key},
+    )
+
+
+def distance(name: str, a: Any, b: Any, min_version: int | None) -> Call[Distance]:
+    body = {"a": vector(a, "a"), "b": vector(b, "b")}
+    return Call(
+        "POST",
+        _model_path(name, "/distance"),
+        lambda r: Distance.from_json(r.json()),
+        body,
+        _version_params(min_version),
+    )
+
+
+def distances(name: str, a: Any, B: Any, min_version: int | None) -> Call[Distances]:
+    body = {"a": vector(a, "a"), "b": matrix(B, "b")}
+    return Call(
+        "POST",
+        _model_path(name, "/distance"),
+        lambda r: Distances.from_json(r.json()),
+        body,
+        _version_params(min_version),
+    )
+
+
+def verify(
+    name: str, a: Any, b: Any, threshold: float | None, min_version: int | None
+) -> Call[Verdict]:
+    body: dict[str, Any] = {"a": vector(a, "a"), "b": vector(b, "b")}
+    if threshold is not None:
+        body["threshold"] = float(threshold)
+    return Call(
+        "POST",
+        _model_path(name, "/verify"),
+        lambda r: Verdict.from_json(r.json()),
+        body,
+        _version_params(min_version),
+    )
+
+
+def transform(name: str, X: Any, min_version: int | None) -> Call[Transformed]:
+    return Call(
+        "POST",
+        _model_path(name, "/transform"),
+        lambda r: Transformed.from_json(r.json()),
+        {"x": matrix(X, "x")},
+        _version_params(min_version),
+    )
+
+
+def _npy(response: httpx.Response) -> Array:
+    L: Array = np.load(io.BytesIO(response.content), allow_pickle=False).astype(np.float64)
+    return L
+
+
+def metric(name: str, min_version: int | None) -> Call[Array]:
+    return Call(
+        "GET",
+        _model_path(name, "/metric"),
+        _npy,
+        params=_version_params(min_version),
+        headers={"Accept": NPY},
+    )
+
+
+def metric_snapshot(name: str, min_version: int | None) -> Call[MetricSnapshot]:
+    return Call(
+        "GET",
+        _model_path(name, "/metric"),
+        lambda r: MetricSnapshot.from_json(r.json()),
+        params=_version_params(min_version),
+    )
+
+
+def put_metric(name: str, L: Any) -> Call[Model]:
+    return Call(
+        "PUT",
+        _model_path(name, "/metric"),
+        lambda r: Model.from_json(r.json()),
+        {"L": matrix(L, "L")},
+    )
+
+
+def livez() -> Call[dict[str, Any]]:
+    return Call("GET", "/livez", _json_of)
+
+
+def readyz() -> Call[dict[str, Any]]:
+    return Call("GET", "/readyz", _json_of)
+
+
+def prometheus() -> Call[str]:
+    return Call("GET", "/metrics", lambda r: r.text)
+
+
+def openapi() -> Call[dict[str, Any]]:
+    return Call("GET", "/openapi.json", _json_of)
+
+
+# -- answers and retries -----------------------------------------------------------------------
+
+
+def retry_after(headers: httpx.Headers) -> float | None:
+    """``Retry-After`` in seconds (the delta-seconds form; an HTTP date counts as absent)."""
+    value = headers.get("retry-after", "").strip()
+    return float(value) if value.isdigit() else None
+
+
+def problem(response: httpx.Response) -> APIError:
+    """The exception for a 4xx/5xx answer."""
+    try:
+        body: Any = response.json()
+    except ValueError:
+        body = response.text
+    return from_problem(response.status_code, body, retry_after(response.headers))
+
+
+#: Failures where the request never reached the service: retrying cannot apply it twice.
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def should_retry(call: Call[Any], failure: Exception) -> bool:
+    """Whether ``failure`` (a transport error or an :class:`APIError`) is worth a retry."""
+    if isinstance(failure, APIError):
+        return failure.status == 503  # a rejected request changed nothing
+    if isinstance(failure, NOT_SENT):
+        return True
+    return call.replay_safe and isinstance(failure, httpx.TransportError)
+
+
+def give_up(failure: Exception) -> Exception:
+    """What the caller sees once the retries are spent."""
+    if isinstance(failure, APIError):
+        return failure
+    return ConnectionFailed(f"{type(failure).__name__}: {failure}")
+
+
+def ws_url(base_url: str, path: str, params: dict[str, Any] | None = None) -> str:
+    """``http(s)://host/...`` turned into the ``ws(s)://`` address of ``path``."""
+    url = httpx.URL(base_url.rstrip("/") + path, params=params or None)
+    return str(url.copy_with(scheme="wss" if url.scheme == "https" else "ws"))
+
+
+# -- ingestion window --------------------------------------------------------------------------
+
+
+@dataclass
+class Frame:
+    """A client frame as sent: its id, its JSON text and how many samples it carries."""
+
+    id: FrameId
+    text: str
+    size: int
+
+
+class Window:
+    """The unacknowledged frames of one stream and what each server message means for them.
+
+    Frames are kept in send order, so a reconnect resends them in that order with the same ids
+    (the service acknowledges an id it has logged before without logging it again). The retry
+    budget counts consecutive failures (reconnects, transient frame errors) with no ack between.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        retry: RetryPolicy,
+        on_progress: Callable[[Progress], None] | None,
+    ) -> None:
+        if size < 1:
+            raise ValueError(f"window: must be >= 1, got {size}")
+        self.size = size
+        self.retry = retry
+        self.on_progress = on_progress
+        self.pending: dict[FrameId, Frame] = {}
+        self.progress = Progress()
+        self._prefix = uuid.uuid4().hex[:16]
+        self._count = 0
+        self._failures = 0
+
+    @property
+    def full(self) -> bool:
+        return len(self.pending) >= self.size
+
+    def frame(self, X: Any, y: Any, frame_id: FrameId | None) -> Frame:
+        """A frame of the rows of ``X`` (2-D) or of one sample (``X`` 1-D, ``y`` a label)."""
+        if frame_id is None:
+            self._count += 1
+            frame_id = f"{self._prefix}-{self._count}"
+        elif isinstance(frame_id, bool) or not isinstance(frame_id, int | str):
+            raise ValueError(f"frame_id: an int or a string, got {frame_id!r}")
+        if frame_id in self.pending:
+            raise ValueError(f"frame_id: {frame_id!r} is already in flight")
+        if np.ndim(X) == 1:
+            doc: dict[str, Any] = {"id": frame_id, "x": vector(X, "x"), "y": label(y)}
+            size = 1
+        else:
+            doc = {"id": frame_id, "samples": samples(X, y)}
+            size = len(doc["samples"])
+        return Frame(frame_id, json.dumps(doc, separators=(",", ":")), size)
+
+    def add(self, frame: Frame) -> None:
+        self.pending[frame.id] = frame
+        self.progress.sent_samples += frame.size
+        self.progress.pending_frames = len(self.pending)
+
+    def receive(self, text: str | bytes) -> Frame | None:
+        """Apply one server message; the frame to send again after a transient error, if any.
+
+        Raises the problem when the stream itself was refused (unknown model), and
+        :class:`FrameRejected` for a frame the service will never accept.
+        """
+        doc = json.loads(text)
+        if "ack" in doc:
+            frame = self.pending.pop(doc["ack"], None)
+            if frame is None:  # an ack of an id already settled; nothing to do
+                return None
+            self._failures = 0
+            ack = Ack(
+                frame.id, int(doc["first_seq"]), int(doc["last_seq"]), bool(doc.get("replayed"))
+            )
+            p = self.progress
+            p.acked_samples += frame.size
+            p.acked_frames += 1
+            if ack.replayed:
+                p.replayed_frames += 1
+                p.replayed_samples += frame.size
+            p.pending_frames = len(self.pending)
+            p.last_ack = ack
+            if self.on_progress is not None:
+                self.on_progress(p)
+            return None
+        error = from_problem(int(doc.get("error", {}).get("status", 500)), doc.get("error"))
+        frame_id = doc.get("id")
+        if frame_id is None or frame_id not in self.pending:
+            raise error
+        if error.status == 503:
+            return self.pending[frame_id]
+        del self.pending[frame_id]
+        self.progress.pending_frames = len(self.pending)
+        raise FrameRejected(frame_id, error)
+
+    def next_delay(self, cause: BaseException, retry_after: float | None = None) -> float:
+        """Seconds to wait before the next retry; :class:`ConnectionFailed` when none is left."""
+        if self._failures >= self.retry.attempts:
+            raise ConnectionFailed(
+                f"stream: gave up after {self._failures} retries without an ack "
+                f"({type(cause).__name__}: {cause})"
+            ) from cause
+        self._failures += 1
+        return self.retry.delay(self._failures - 1, retry_after)
+
+
+def close_problem(code: int | None, reason: str) -> APIError | None:
+    """The error a WebSocket close code stands for, if it is not a transient drop."""
+    if code == 4404:
+        return from_problem(404, {"title": "Not found", "detail": reason or "no such model"})
+    if code == 1008:
+        return from_problem(422, {"title": "Invalid input", "detail": reason or "refused"})
+    return None

@@ -1,0 +1,437 @@
+"""``opml``: the service from a shell.
+
+    opml serve [--port 8000] [--data-dir data]             # run the service (embedded Redis)
+    opml models create faces --dim 128 [--algorithm opml] [--gamma 0.001] ...
+    opml models list | show faces | delete faces
+    opml ingest data.csv --model faces [--label-column kind | --labels y.txt] [--resume-file r]
+    opml distance faces --a 0,0,1 --b 0,1,0 [--b 1,0,0 ...]
+    opml verify faces --a 0,0,1 --b 0,1,0 [--threshold 0.5]
+    opml metric export faces --format npy|json [-o L.npy]
+    opml events faces [--count 10]
+
+The service address comes from ``--url`` or ``$OPML_URL`` (default http://127.0.0.1:8000).
+Output is for people; ``--json`` prints JSON instead (one object per line for ``events``).
+A vector is ``1,2,3`` or ``[1,2,3]``; write ``--a=-1,2`` when it starts with a minus sign.
+
+``opml ingest`` streams frames of ``--batch`` rows over the WebSocket. Frame ids are derived
+from the content of the input and the rows each frame holds, so running the same command again
+after an interruption sends nothing twice: frames the service logged before are acknowledged
+without being logged again. ``--resume-file`` also records the last acknowledged row, so a rerun
+skips straight past it (keep ``--batch`` unchanged between runs).
+
+Exit codes:
+    0  success
+    1  any other failure (a 5xx answer, an unexpected error)
+    2  usage error (bad arguments)
+    3  not found (no such model)
+    4  conflict (the model exists)
+    5  invalid input (a 400/413/422 answer, a rejected frame, an unreadable data file)
+    6  service unavailable (503 or no connection, after the retries)
+    130 interrupted (Ctrl-C)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from clients import datafile
+from clients.errors import (
+    APIError,
+    Conflict,
+    ConnectionFailed,
+    NotFound,
+    OPMLError,
+    Unavailable,
+)
+from clients.retry import RetryPolicy
+from clients.sync import OPMLClient
+from clients.types import Model, Progress
+
+EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT = 0, 1, 2, 3, 4
+EXIT_INVALID, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 5, 6, 130
+
+
+class UsageError(Exception):
+    """A bad argument found after parsing (exit code 2)."""
+
+
+def _vector(text: str) -> list[float]:
+    body = text.strip().removeprefix("[").removesuffix("]")
+    try:
+        return [float(part) for part in body.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a vector of numbers: {text!r}") from None
+
+
+def _emit(args: argparse.Namespace, doc: Any, human: str) -> None:
+    print(json.dumps(doc) if args.json else human)
+
+
+def _model_line(m: Model) -> str:
+    return (
+        f"{m.name:<24} dim={m.dim:<5} {m.algorithm:<6} version={m.version:<9} "
+        f"samples={m.samples_seen:<9} classes={m.classes}"
+    )
+
+
+def _model_detail(m: Model) -> str:
+    lines = [f"{key}: {value}" for key, value in m.raw.items() if not isinstance(value, dict)]
+    for key, value in m.raw.items():
+        if isinstance(value, dict):
+            lines.append(f"{key}: " + ", ".join(f"{k}={v}" for k, v in value.items()))
+    return "\n".join(lines)
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace, _: OPMLClient) -> int:
+    env = dict(os.environ)
+    for option, var in (
+        ("host", "OPML_HOST"),
+        ("port", "OPML_PORT"),
+        ("data_dir", "OPML_DATA_DIR"),
+        ("redis_url", "OPML_REDIS_URL"),
+    ):
+        if getattr(args, option) is not None:
+            env[var] = str(getattr(args, option))
+    os.execve(sys.executable, [sys.executable, "-m", "service"], env)
+
+
+def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
+    if args.action == "create":
+        options = {
+            k: getattr(args, k)
+            for k in ("algorithm", "gamma", "gamma_pair", "margin", "normalize", "seed")
+        }
+        model = client.create_model(args.name, args.dim, **options)
+        _emit(args, model.raw, f"created {_model_line(model)}")
+    elif args.action == "list":
+        models = client.list_models()
+        lines = "\n".join(_model_line(m) for m in models) or "(no models)"
+        _emit(args, {"models": [m.raw for m in models]}, lines)
+    elif args.action == "show":
+        model = client.get_model(args.name)
+        _emit(args, model.raw, _model_detail(model))
+    else:
+        client.delete_model(args.name)
+        _emit(args, {"deleted": args.name}, f"deleted {args.name}")
+    return EXIT_OK
+
+
+class ProgressBar:
+    """One self-rewriting line on a terminal: rows acked of total, samples/s, acked count."""
+
+    def __init__(self, total: int, done: int, out: TextIO, enabled: bool) -> None:
+        self.total, self.done, self.out, self.enabled = total, done, out, enabled
+        self._shown = 0.0
+
+    def update(self, p: Progress, final: bool = False) -> None:
+        now = time.monotonic()
+        if not self.enabled or (not final and now - self._shown < 0.1):
+            return
+        self._shown = now
+        rows = self.done + p.acked_samples
+        width = 30
+        filled = int(width * rows / self.total) if self.total else width
+        self.out.write(
+            f"\r[{'#' * filled}{'.' * (width - filled)}] {rows}/{self.total} rows "
+            f"{100 * rows / max(self.total, 1):5.1f}%  {p.samples_per_s:9.0f} samples/s  "
+            f"acked {p.acked_samples}  reconnects {p.reconnects}"
+        )
+        if final:
+            self.out.write("\n")
+        self.out.flush()
+
+
+def _read_resume(path: Path | None, digest: str) -> tuple[int, int | None]:
+    """(rows already acknowledged, the batch size they were sent with) from a resume file."""
+    if path is None or not path.exists():
+        return 0, None
+    state = json.loads(path.read_text())
+    if state.get("digest") != digest:
+        raise UsageError(f"--resume-file {path}: it records a different input; remove it")
+    return int(state["acked_rows"]), int(state["batch"])
+
+
+def _write_resume(path: Path, digest: str, batch: int, acked_rows: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"digest": digest, "batch": batch, "acked_rows": acked_rows}))
+    tmp.replace(path)
+
+
+def cmd_ingest(args: argparse.Namespace, client: OPMLClient) -> int:
+    data = datafile.load(
+        args.file,
+        label_column=args.label_column,
+        labels_path=args.labels,
+        x_key=args.x_key,
+        y_key=args.y_key,
+    )
+    start, batch = _read_resume(args.resume_file, data.digest)
+    batch = batch or args.batch
+    n = len(data.X)
+    bar = ProgressBar(n, start, sys.stderr, not args.no_progress and sys.stderr.isatty())
+
+    def on_progress(p: Progress) -> None:
+        bar.update(p)
+        if args.resume_file is not None:
+            _write_resume(args.resume_file, data.digest, batch, start + p.acked_samples)
+
+    stream = client.stream(args.model, window=args.window, on_progress=on_progress)
+    with stream:
+        for lo in range(start, n, batch):
+            hi = min(lo + batch, n)
+            # The id names the rows, so a rerun's frames are the ones already logged.
+            stream.send(data.X[lo:hi], data.y[lo:hi], frame_id=f"{data.digest}:{lo}-{hi}")
+    p = stream.progress
+    bar.update(p, final=True)
+    last = p.last_ack
+    summary = {
+        "model": args.model,
+        "rows": n,
+        "skipped_rows": start,
+        "acked": p.acked_samples,
+        "logged": p.acked_samples - p.replayed_samples,
+        "replayed": p.replayed_samples,
+        "last_seq": last.last_seq if last else None,
+        "reconnects": p.reconnects,
+        "seconds": round(p.elapsed_s, 3),
+        "samples_per_s": round(p.samples_per_s, 1),
+    }
+    _emit(
+        args,
+        summary,
+        f"{args.model}: {summary['logged']} samples logged, {summary['replayed']} already "
+        f"there, {start} skipped (resume) in {p.elapsed_s:.1f} s "
+        f"({p.samples_per_s:.0f} samples/s, {p.reconnects} reconnects)",
+    )
+    return EXIT_OK
+
+
+def cmd_distance(args: argparse.Namespace, client: OPMLClient) -> int:
+    if len(args.b) == 1:
+        d = client.distance(args.model, args.a, args.b[0], min_version=args.min_version)
+        _emit(
+            args,
+            asdict(d),
+            f"distance {d.distance:.6g} (squared {d.squared_distance:.6g}) at version {d.version}",
+        )
+    else:
+        ds = client.distances(args.model, args.a, args.b, min_version=args.min_version)
+        doc = {
+            "distances": ds.distances.tolist(),
+            "squared_distances": ds.squared_distances.tolist(),
+            "version": ds.version,
+        }
+        human = "\n".join(f"{v:.6g}" for v in ds.distances) + f"\n(version {ds.version})"
+        _emit(args, doc, human)
+    return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace, client: OPMLClient) -> int:
+    v = client.verify(
+        args.model, args.a, args.b, threshold=args.threshold, min_version=args.min_version
+    )
+    calibrated = "calibrated" if v.calibrated else "not calibrated"
+    _emit(
+        args,
+        v.raw,
+        f"{'same' if v.same else 'different'}: squared distance "
+        f"{v.squared_distance:.6g} vs threshold {v.threshold:.6g} ({calibrated}, "
+        f"version {v.version})",
+    )
+    return EXIT_OK
+
+
+def cmd_metric(args: argparse.Namespace, client: OPMLClient) -> int:
+    if args.format == "npy":
+        L = client.metric(args.model, min_version=args.min_version)
+        if args.output is None:
+            np.save(sys.stdout.buffer, L, allow_pickle=False)
+            return EXIT_OK
+        np.save(args.output, L, allow_pickle=False)
+        shape = f"{L.shape[0]}x{L.shape[1]}"
+        _emit(
+            args,
+            {"output": str(args.output), "shape": list(L.shape)},
+            f"wrote L ({shape}) to {args.output}",
+        )
+        return EXIT_OK
+    snap = client.metric_snapshot(args.model, min_version=args.min_version)
+    text = json.dumps({"L": snap.L.tolist(), "version": snap.version})
+    if args.output is None:
+        print(text)
+    else:
+        args.output.write_text(text)
+        _emit(
+            args,
+            {"output": str(args.output), "version": snap.version},
+            f"wrote L at version {snap.version} to {args.output}",
+        )
+    return EXIT_OK
+
+
+def cmd_events(args: argparse.Namespace, client: OPMLClient) -> int:
+    for seen, event in enumerate(client.events(args.model, interval_ms=args.interval_ms), 1):
+        u, v = event.updates, event.verification
+        _emit(
+            args,
+            event.raw,
+            f"version={event.version} classes={event.classes} "
+            f"triplet={u.get('triplet', 0)} pair={u.get('pair', 0)} "
+            f"passive={u.get('passive', 0)} threshold={v.threshold} "
+            f"calibrated={v.calibrated} dropped={event.dropped}",
+        )
+        sys.stdout.flush()
+        if args.count is not None and seen >= args.count:
+            break
+    return EXIT_OK
+
+
+# -- parser --------------------------------------------------------------------------------------
+
+
+def _common(suppress: bool) -> argparse.ArgumentParser:
+    """Options accepted before and after the command (``opml --json models list`` or
+    ``opml models list --json``)."""
+    default: Callable[[Any], Any] = (lambda _: argparse.SUPPRESS) if suppress else (lambda v: v)
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument(
+        "--url",
+        default=default(os.environ.get("OPML_URL", "http://127.0.0.1:8000")),
+        help="service address (default $OPML_URL or http://127.0.0.1:8000)",
+    )
+    p.add_argument("--json", action="store_true", default=default(False), help="JSON output")
+    p.add_argument("--timeout", type=float, default=default(30.0), help="seconds per request")
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=default(5),
+        help="retries of transient failures (503, dropped connections)",
+    )
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _common(suppress=True)
+    parser = argparse.ArgumentParser(
+        prog="opml",
+        description="Command line of opml-service.",
+        epilog=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[_common(suppress=False)],
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the service in this process", parents=[common])
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--data-dir", type=Path, help="embedded Redis data directory")
+    serve.add_argument("--redis-url", help="use this Redis instead of the embedded one")
+    serve.set_defaults(run=cmd_serve)
+
+    models = sub.add_parser("models", help="create, list, show, delete models")
+    actions = models.add_subparsers(dest="action", required=True)
+    create = actions.add_parser("create", parents=[common])
+    create.add_argument("name")
+    create.add_argument("--dim", type=int, required=True)
+    create.add_argument("--algorithm", choices=["copml", "opml"])
+    create.add_argument("--gamma", type=float)
+    create.add_argument("--gamma-pair", type=float)
+    create.add_argument("--margin", type=float)
+    create.add_argument("--normalize", choices=["none", "l2"])
+    create.add_argument("--seed", type=int)
+    actions.add_parser("list", parents=[common])
+    for action in ("show", "delete"):
+        actions.add_parser(action, parents=[common]).add_argument("name")
+    models.set_defaults(run=cmd_models)
+
+    ingest = sub.add_parser("ingest", help="stream a CSV/NPY/NPZ file", parents=[common])
+    ingest.add_argument("file", type=Path)
+    ingest.add_argument("--model", required=True)
+    ingest.add_argument("--label-column", help="index or CSV header name (default: last)")
+    ingest.add_argument("--labels", type=Path, help="labels file (.npy, or one per line)")
+    ingest.add_argument("--x-key", default="X", help="NPZ array of features (default X)")
+    ingest.add_argument("--y-key", default="y", help="NPZ array of labels (default y)")
+    ingest.add_argument("--batch", type=int, default=256, help="rows per frame")
+    ingest.add_argument("--window", type=int, default=32, help="frames in flight")
+    ingest.add_argument("--resume-file", type=Path, help="records the last acked row")
+    ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ingest.set_defaults(run=cmd_ingest)
+
+    for name, run, helptext in (
+        ("distance", cmd_distance, "distance of a to b (or to each b)"),
+        ("verify", cmd_verify, "are a and b the same class?"),
+    ):
+        query = sub.add_parser(name, help=helptext, parents=[common])
+        query.add_argument("model")
+        query.add_argument("--a", type=_vector, required=True)
+        query.add_argument(
+            "--b", type=_vector, required=True, action="append" if name == "distance" else "store"
+        )
+        query.add_argument("--min-version", type=int)
+        query.set_defaults(run=run)
+    sub.choices["verify"].add_argument("--threshold", type=float)
+
+    metric = sub.add_parser("metric", help="export L")
+    metric_actions = metric.add_subparsers(dest="action", required=True)
+    export = metric_actions.add_parser("export", parents=[common])
+    export.add_argument("model")
+    export.add_argument("--format", choices=["npy", "json"], default="npy")
+    export.add_argument("-o", "--output", type=Path, help="file (default: standard output)")
+    export.add_argument("--min-version", type=int)
+    metric.set_defaults(run=cmd_metric)
+
+    events = sub.add_parser("events", help="follow a model's events", parents=[common])
+    events.add_argument("model")
+    events.add_argument("--interval-ms", type=int)
+    events.add_argument("--count", type=int, help="stop after this many events")
+    events.set_defaults(run=cmd_events)
+    return parser
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit code an error maps to (see the module docstring)."""
+    if isinstance(error, NotFound):
+        return EXIT_NOT_FOUND
+    if isinstance(error, Conflict):
+        return EXIT_CONFLICT
+    if isinstance(error, Unavailable | ConnectionFailed):
+        return EXIT_UNAVAILABLE
+    if isinstance(error, APIError):
+        return EXIT_INVALID if 400 <= error.status < 500 else EXIT_FAILURE
+    if isinstance(error, ValueError | OSError):
+        return EXIT_INVALID
+    return EXIT_FAILURE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    retry = RetryPolicy(attempts=max(args.retries, 0))
+    try:
+        with OPMLClient(args.url, timeout=args.timeout, retry=retry) as client:
+            code: int = args.run(args, client)
+            return code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except UsageError as exc:
+        print(f"opml: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (OPMLError, ValueError, OSError) as exc:
+        print(f"opml: {exc}", file=sys.stderr)
+        return exit_code(exc)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

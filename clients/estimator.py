@@ -1,0 +1,49 @@
+"""A model of the service as a fitted :mod:`service.core` estimator, for offline use.
+
+>>> import numpy as np
+>>> from clients.types import Model, VerificationState
+>>> model = Model("faces", 2, "opml", 0.01, 0.01, 1.0, "none", 7, 5, 5, 2, {},
+...               VerificationState(None, False))
+>>> est = estimator_for(model, np.diag([2.0, 1.0]))
+>>> type(est).__name__, est.transform([[1.0, 1.0]]).tolist()
+('OPML', [[2.0, 1.0]])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clients.types import Array, Model
+from service.core import COPML, OPML, Learner, LearnerConfig
+
+
+def estimator_for(model: Model, L: Array) -> OPML | COPML:
+    """An :class:`~service.core.OPML` / :class:`~service.core.COPML` with ``model``'s
+    hyperparameters whose learner holds ``L``.
+
+    Queries (``transform``, ``pair_distance``, ``get_mahalanobis_matrix``) answer exactly as the
+    service did at that ``L``. The per-class buffer stays on the service, so a later
+    ``partial_fit`` continues from ``L`` as a warm start, not from the service's stream.
+    """
+    estimator: OPML | COPML
+    hyper: dict[str, Any] = dict(
+        gamma=model.gamma, margin=model.margin, normalize=model.normalize, random_state=model.seed
+    )
+    if model.algorithm == "opml":
+        estimator = OPML(**hyper)
+    else:
+        estimator = COPML(gamma_pair=model.gamma_pair, **hyper)
+    config = LearnerConfig(
+        dim=model.dim,
+        algorithm="opml" if model.algorithm == "opml" else "copml",
+        gamma=model.gamma,
+        gamma_pair=model.gamma_pair,
+        margin=model.margin,
+        normalize="l2" if model.normalize == "l2" else "none",
+        seed=model.seed,
+    )
+    learner = Learner(config)
+    learner.set_metric(L)
+    estimator.learner_ = learner
+    estimator.n_features_in_ = model.dim
+    return estimator

@@ -1,0 +1,429 @@
+"""The blocking client: :class:`OPMLClient` (httpx) and its ingestion :class:`Stream` (websockets).
+
+Requests and answers are defined once in :mod:`clients._wire`; this module only waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import Any, Literal
+
+import httpx
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from clients import _wire
+from clients.errors import from_problem
+from clients.estimator import estimator_for
+from clients.retry import RetryPolicy
+from clients.types import (
+    Array,
+    Distance,
+    Distances,
+    Event,
+    Ingested,
+    MetricSnapshot,
+    Model,
+    Progress,
+    Transformed,
+    Verdict,
+)
+from service.core import COPML, OPML
+
+#: Failures of a WebSocket that a reconnect may cure.
+WS_TRANSIENT = (ConnectionClosed, OSError, TimeoutError)
+
+
+def _ws_open(url: str, open_timeout: float) -> ClientConnection:
+    """Open a WebSocket; a refused handshake with a 4xx status becomes its APIError."""
+    try:
+        # Frames are JSON numbers sent over a LAN: deflate costs more CPU than it saves.
+        return connect(url, open_timeout=open_timeout, max_size=None, compression=None)
+    except InvalidStatus as exc:
+        status = exc.response.status_code
+        if status >= 500:
+            raise ConnectionError(f"handshake answered {status}") from exc
+        raise from_problem(status, exc.response.body.decode(errors="replace")) from None
+
+
+class Stream:
+    """Ingestion over ``WS /v1/models/{name}/stream`` with a bounded window of unacked frames.
+
+    :meth:`send` blocks while ``window`` frames await their ack. A dropped connection is
+    reopened (bounded by the client's :class:`RetryPolicy`) and every unacknowledged frame is
+    sent again with its id, which the service acknowledges without logging it twice. Leaving
+    the ``with`` block waits for the last acks and closes the socket (on an exception it closes
+    at once). ``on_progress`` is called with the :class:`Progress` after every ack.
+
+    >>> with client.stream("faces", window=32) as stream:           # doctest: +SKIP
+    ...     for X_chunk, y_chunk in chunks:
+    ...         stream.send(X_chunk, y_chunk)
+    >>> stream.progress.acked_samples                                # doctest: +SKIP
+    10000
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        window: int,
+        retry: RetryPolicy,
+        on_progress: Callable[[Progress], None] | None,
+        open_timeout: float,
+        ack_timeout: float | None,
+    ) -> None:
+        self._url = url
+        self._window = _wire.Window(window, retry, on_progress)
+        self._open_timeout = open_timeout
+        self._ack_timeout = ack_timeout
+        self._ws: ClientConnection | None = None
+        self._scope = contextlib.ExitStack()
+
+    @property
+    def progress(self) -> Progress:
+        return self._window.progress
+
+    def __enter__(self) -> Stream:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is None:
+            self.close()
+        else:
+            self._drop()
+
+    def open(self) -> None:
+        """Connect (retrying transient failures); :meth:`__enter__` calls it."""
+        while True:
+            try:
+                self._attach(_ws_open(self._url, self._open_timeout))
+                return
+            except WS_TRANSIENT as exc:
+                time.sleep(self._window.next_delay(exc))
+
+    def _attach(self, ws: ClientConnection) -> ClientConnection:
+        self._scope = contextlib.ExitStack()
+        self._ws = self._scope.enter_context(ws)
+        return self._ws
+
+    def send(self, X: Any, y: Any, *, frame_id: int | str | None = None) -> int | str:
+        """Send the rows of ``X`` with labels ``y`` as one frame (or one sample: ``X`` 1-D and
+        ``y`` a label); its id is returned. Ids are generated unless given; a given id must be
+        unique on the model, as the service de-duplicates by it."""
+        frame = self._window.frame(X, y, frame_id)
+        while self._window.full:
+            self._receive(self._ack_timeout)
+        self._window.add(frame)
+        self._transmit(frame.text)
+        with contextlib.suppress(TimeoutError):  # collect acks already there, keep progress live
+            while self._window.pending:
+                self._receive(0)
+        return frame.id
+
+    def flush(self) -> None:
+        """Wait until every frame sent so far is acknowledged."""
+        while self._window.pending:
+            self._receive(self._ack_timeout)
+
+    def close(self) -> None:
+        """:meth:`flush`, then close the connection."""
+        self.flush()
+        self._drop()
+
+    def _drop(self) -> None:
+        self._scope.close()
+        self._ws = None
+
+    def _transmit(self, text: str) -> None:
+        assert self._ws is not None, "the stream is not open"
+        try:
+            self._ws.send(text)
+        except WS_TRANSIENT as exc:
+            self._reconnect(exc)
+
+    def _receive(self, timeout: float | None) -> None:
+        """Read one message (TimeoutError if ``timeout == 0`` and none is there)."""
+        assert self._ws is not None, "the stream is not open"
+        try:
+            text = self._ws.recv(timeout)
+        except TimeoutError:
+            if timeout == 0:
+                raise
+            self._reconnect(TimeoutError(f"no ack within {timeout} s"))
+            return
+        except (ConnectionClosed, OSError) as exc:
+            self._reconnect(exc)
+            return
+        again = self._window.receive(text)
+        if again is not None:
+            time.sleep(self._window.next_delay(RuntimeError("frame answered 503")))
+            self._transmit(again.text)
+
+    def _reconnect(self, cause: BaseException) -> None:
+        """Reopen the connection and resend every unacknowledged frame, in order."""
+        ws = self._ws
+        assert ws is not None
+        # Messages that arrived before the drop still count (an ack, or why we were closed).
+        with contextlib.suppress(*WS_TRANSIENT):
+            while True:
+                self._window.receive(ws.recv(0))
+        self._drop()
+        refused = _wire.close_problem(ws.close_code, ws.close_reason or "")
+        if refused is not None:
+            raise refused
+        while True:
+            time.sleep(self._window.next_delay(cause))
+            try:
+                fresh = self._attach(_ws_open(self._url, self._open_timeout))
+                for frame in list(self._window.pending.values()):
+                    fresh.send(frame.text)
+            except WS_TRANSIENT as exc:
+                self._drop()
+                cause = exc
+                continue
+            self.progress.reconnects += 1
+            return
+
+
+class OPMLClient:
+    """Blocking client of the opml-service HTTP/WebSocket API (``/v1``).
+
+    Vectors and matrices may be lists or numpy arrays; answers are typed objects (numpy for
+    vectors and matrices). Errors raise :class:`clients.errors.APIError` subclasses carrying the
+    problem+json members; 503s and dropped connections are retried per ``retry``.
+
+    >>> from clients import OPMLClient
+    >>> with OPMLClient("http://127.0.0.1:8000") as client:          # doctest: +SKIP
+    ...     client.create_model("faces", dim=3)
+    ...     client.ingest("faces", [[0, 0, 1], [0, 1, 0]], ["ann", "bob"], wait=True)
+    ...     client.distance("faces", [0, 0, 1], [0, 1, 0]).distance
+    ...     L = client.metric("faces")                       # numpy (d, d)
+    ...     est = client.to_sklearn("faces")                 # a fitted service.core COPML
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.retry = retry or RetryPolicy()
+        self.timeout = timeout
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+
+    def __enter__(self) -> OPMLClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, call: _wire.Call[_wire.T]) -> _wire.T:
+        attempt = 0
+        while True:
+            try:
+                response = self._http.request(
+                    call.method, call.path, json=call.json, params=call.params, headers=call.headers
+                )
+                if response.is_success:
+                    return call.parse(response)
+                failure: Exception = _wire.problem(response)
+            except httpx.TransportError as exc:
+                failure = exc
+            if attempt >= self.retry.attempts or not _wire.should_retry(call, failure):
+                raise _wire.give_up(failure) from failure
+            time.sleep(self.retry.delay(attempt, getattr(failure, "retry_after", None)))
+            attempt += 1
+
+    # -- models --------------------------------------------------------------------------------
+
+    def create_model(
+        self,
+        name: str,
+        dim: int,
+        *,
+        algorithm: Literal["copml", "opml"] | None = None,
+        gamma: float | None = None,
+        gamma_pair: float | None = None,
+        margin: float | None = None,
+        normalize: Literal["none", "l2"] | None = None,
+        seed: int | None = None,
+        **options: Any,
+    ) -> Model:
+        """Create a model (409 :class:`~clients.errors.Conflict` if the name exists).
+
+        Hyperparameters left ``None`` take the service's defaults; ``options`` passes members
+        the service accepts beyond the contract (e.g. ``calibration_window``).
+        """
+        hyper = dict(
+            algorithm=algorithm,
+            gamma=gamma,
+            gamma_pair=gamma_pair,
+            margin=margin,
+            normalize=normalize,
+            seed=seed,
+            **options,
+        )
+        return self._send(_wire.create_model(name, dim, hyper))
+
+    def list_models(self) -> list[Model]:
+        return self._send(_wire.list_models())
+
+    def get_model(self, name: str) -> Model:
+        return self._send(_wire.get_model(name))
+
+    def delete_model(self, name: str) -> None:
+        """Delete a model and all its state."""
+        self._send(_wire.delete_model(name))
+
+    # -- ingestion -----------------------------------------------------------------------------
+
+    def ingest(
+        self,
+        name: str,
+        X: Any,
+        y: Any,
+        *,
+        wait: bool = False,
+        idempotency_key: str | None = None,
+    ) -> Ingested:
+        """Append the rows of ``X`` with labels ``y`` (applied in order) in one request.
+
+        ``wait=True`` answers once they are applied, with per-sample ``results``. A retried
+        request carries the same ``Idempotency-Key`` (generated when not given), so a retry
+        never logs a sample twice.
+        """
+        body = {"samples": _wire.samples(X, y)}
+        return self._send(_wire.ingest(body, name, wait, idempotency_key))
+
+    def ingest_one(
+        self,
+        name: str,
+        x: Any,
+        y: int | str,
+        *,
+        wait: bool = False,
+        idempotency_key: str | None = None,
+    ) -> Ingested:
+        """Append one sample (the ``{x, y}`` form of the request)."""
+        body = {"x": _wire.vector(x, "x"), "y": _wire.label(y)}
+        return self._send(_wire.ingest(body, name, wait, idempotency_key))
+
+    def stream(
+        self,
+        name: str,
+        *,
+        window: int = 32,
+        on_progress: Callable[[Progress], None] | None = None,
+        ack_timeout: float | None = 60.0,
+    ) -> Stream:
+        """A :class:`Stream` to ``name`` (use it as a context manager).
+
+        ``ack_timeout``: seconds to wait for an ack before treating the connection as dead.
+        """
+        return Stream(
+            _wire.ws_url(self.base_url, f"/v1/models/{name}/stream"),
+            window=window,
+            retry=self.retry,
+            on_progress=on_progress,
+            open_timeout=self.timeout,
+            ack_timeout=ack_timeout,
+        )
+
+    def events(self, name: str, *, interval_ms: int | None = None) -> Iterator[Event]:
+        """Follow ``WS .../events``: yields an :class:`Event` per model change, reconnecting
+        after a drop (bounded by the retry policy); stop by breaking out of the loop."""
+        params = {} if interval_ms is None else {"interval_ms": interval_ms}
+        url = _wire.ws_url(self.base_url, f"/v1/models/{name}/events", params)
+        failures = 0
+        while True:
+            try:
+                with _ws_open(url, self.timeout) as ws:
+                    for text in ws:
+                        doc = json.loads(text)
+                        if "error" in doc:
+                            raise from_problem(int(doc["error"].get("status", 500)), doc["error"])
+                        failures = 0
+                        yield Event.from_json(doc)
+            except WS_TRANSIENT as exc:
+                if failures >= self.retry.attempts:
+                    raise _wire.give_up(exc) from exc
+            time.sleep(self.retry.delay(failures))
+            failures += 1
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def distance(self, name: str, a: Any, b: Any, *, min_version: int | None = None) -> Distance:
+        """Distance between vectors ``a`` and ``b`` under the live metric (Eqs. 1, 2)."""
+        return self._send(_wire.distance(name, a, b, min_version))
+
+    def distances(self, name: str, a: Any, B: Any, *, min_version: int | None = None) -> Distances:
+        """Distances from ``a`` to every row of ``B`` (one to many)."""
+        return self._send(_wire.distances(name, a, B, min_version))
+
+    def verify(
+        self,
+        name: str,
+        a: Any,
+        b: Any,
+        *,
+        threshold: float | None = None,
+        min_version: int | None = None,
+    ) -> Verdict:
+        """Same class? ``squared_distance <= threshold`` (the model's calibrated one if None)."""
+        return self._send(_wire.verify(name, a, b, threshold, min_version))
+
+    def transform(self, name: str, X: Any, *, min_version: int | None = None) -> Transformed:
+        """``z = x L^T`` for every row of ``X``."""
+        return self._send(_wire.transform(name, X, min_version))
+
+    def metric(self, name: str, *, min_version: int | None = None) -> Array:
+        """``L`` as a ``(d, d)`` numpy array (fetched as ``.npy`` bytes, bit-exact)."""
+        return self._send(_wire.metric(name, min_version))
+
+    def metric_snapshot(self, name: str, *, min_version: int | None = None) -> MetricSnapshot:
+        """``L`` together with the ``version`` it belongs to (the JSON form)."""
+        return self._send(_wire.metric_snapshot(name, min_version))
+
+    def put_metric(self, name: str, L: Any) -> Model:
+        """Replace ``L`` (warm start from a matrix learned elsewhere)."""
+        return self._send(_wire.put_metric(name, L))
+
+    def to_sklearn(self, name: str, *, min_version: int | None = None) -> OPML | COPML:
+        """A fitted :class:`service.core.OPML` / :class:`~service.core.COPML` holding the live L.
+
+        For offline use (``transform``, ``pair_distance``, pipelines); see
+        :func:`clients.estimator.estimator_for`.
+        """
+        return estimator_for(self.get_model(name), self.metric(name, min_version=min_version))
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def livez(self) -> dict[str, Any]:
+        return self._send(_wire.livez())
+
+    def readyz(self) -> dict[str, Any]:
+        """Readiness (503 :class:`~clients.errors.Unavailable` while not ready, after retries)."""
+        return self._send(_wire.readyz())
+
+    def prometheus_metrics(self) -> str:
+        """The ``/metrics`` Prometheus text."""
+        return self._send(_wire.prometheus())
+
+    def openapi(self) -> dict[str, Any]:
+        return self._send(_wire.openapi())

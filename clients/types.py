@@ -1,0 +1,280 @@
+"""Typed answers of the service (frozen dataclasses); vectors and matrices come back as numpy.
+
+Each type is built from the JSON the contract defines (``from_json``) and keeps the whole
+document in ``raw``, so members the service adds beyond the contract stay reachable.
+
+>>> d = Distance.from_json({"distance": 2.0, "squared_distance": 4.0, "version": 7})
+>>> d.distance, d.version
+(2.0, 7)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array = NDArray[np.float64]
+
+
+def _opt_float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class VerificationState:
+    """A model's online-calibrated verification threshold (squared-distance units)."""
+
+    threshold: float | None
+    calibrated: bool
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> VerificationState:
+        return cls(_opt_float(doc.get("threshold")), bool(doc.get("calibrated")), doc)
+
+
+@dataclass(frozen=True)
+class Model:
+    """A model: hyperparameters and live state.
+
+    ``updates`` counts steps by outcome (``triplet``, ``pair``, ``passive``, ...); ``classes`` is
+    what the service reports for the classes seen (their number).
+
+    >>> m = Model.from_json({"name": "faces", "dim": 2, "algorithm": "copml", "gamma": 0.001,
+    ...     "gamma_pair": 0.001, "margin": 1.0, "normalize": "none", "seed": 0, "version": 3,
+    ...     "samples_seen": 3, "classes": 2, "updates": {"triplet": 1, "pair": 0, "passive": 0},
+    ...     "verification": {"threshold": None, "calibrated": False}})
+    >>> m.name, m.samples_seen, m.updates["triplet"], m.verification.calibrated
+    ('faces', 3, 1, False)
+    """
+
+    name: str
+    dim: int
+    algorithm: str
+    gamma: float
+    gamma_pair: float
+    margin: float
+    normalize: str
+    seed: int
+    version: int
+    samples_seen: int
+    classes: Any
+    updates: dict[str, int]
+    verification: VerificationState
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Model:
+        return cls(
+            name=str(doc["name"]),
+            dim=int(doc["dim"]),
+            algorithm=str(doc["algorithm"]),
+            gamma=float(doc["gamma"]),
+            gamma_pair=float(doc["gamma_pair"]),
+            margin=float(doc["margin"]),
+            normalize=str(doc["normalize"]),
+            seed=int(doc["seed"]),
+            version=int(doc["version"]),
+            samples_seen=int(doc["samples_seen"]),
+            classes=doc["classes"],
+            updates={str(k): int(v) for k, v in doc["updates"].items()},
+            verification=VerificationState.from_json(doc["verification"]),
+            raw=doc,
+        )
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one sample did (``?wait=true``); distances squared, before the sample's update."""
+
+    seq: int
+    outcome: str
+    hinge: float | None
+    d_pos: float | None
+    d_neg: float | None
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> StepOutcome:
+        return cls(
+            int(doc["seq"]),
+            str(doc["outcome"]),
+            _opt_float(doc.get("hinge")),
+            _opt_float(doc.get("d_pos")),
+            _opt_float(doc.get("d_neg")),
+        )
+
+
+@dataclass(frozen=True)
+class Ingested:
+    """Answer of ``POST .../samples``: seqs ``first_seq..last_seq`` are durably logged.
+
+    ``version`` and ``results`` are set only when the request waited for the samples to apply.
+    """
+
+    accepted: int
+    first_seq: int
+    last_seq: int
+    version: int | None = None
+    results: list[StepOutcome] | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Ingested:
+        results = doc.get("results")
+        return cls(
+            int(doc["accepted"]),
+            int(doc["first_seq"]),
+            int(doc["last_seq"]),
+            None if doc.get("version") is None else int(doc["version"]),
+            None if results is None else [StepOutcome.from_json(r) for r in results],
+            doc,
+        )
+
+
+@dataclass(frozen=True)
+class Distance:
+    """``squared_distance = ||L(a - b)||^2`` (Eq. 2); ``distance`` its square root (Eq. 1)."""
+
+    distance: float
+    squared_distance: float
+    version: int
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Distance:
+        return cls(float(doc["distance"]), float(doc["squared_distance"]), int(doc["version"]))
+
+
+@dataclass(frozen=True, eq=False)
+class Distances:
+    """One-to-many distances, one entry per row of ``b``."""
+
+    distances: Array
+    squared_distances: Array
+    version: int
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Distances:
+        return cls(
+            np.asarray(doc["distances"], dtype=np.float64),
+            np.asarray(doc["squared_distances"], dtype=np.float64),
+            int(doc["version"]),
+        )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``same = squared_distance <= threshold``; ``calibrated`` tells whether the model's own
+    threshold was calibrated (else ``raw`` says which fallback the service used)."""
+
+    same: bool
+    squared_distance: float
+    threshold: float
+    calibrated: bool
+    version: int
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Verdict:
+        return cls(
+            bool(doc["same"]),
+            float(doc["squared_distance"]),
+            float(doc["threshold"]),
+            bool(doc["calibrated"]),
+            int(doc["version"]),
+            doc,
+        )
+
+
+@dataclass(frozen=True, eq=False)
+class Transformed:
+    """``z = x L^T`` for every row of ``x``."""
+
+    z: Array
+    version: int
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Transformed:
+        return cls(np.asarray(doc["z"], dtype=np.float64), int(doc["version"]))
+
+
+@dataclass(frozen=True, eq=False)
+class MetricSnapshot:
+    """``L`` and the ``version`` (seq of the last applied sample) it belongs to."""
+
+    L: Array
+    version: int
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> MetricSnapshot:
+        return cls(np.asarray(doc["L"], dtype=np.float64), int(doc["version"]))
+
+
+@dataclass(frozen=True)
+class Event:
+    """A frame of ``WS .../events``: the model's state after a change.
+
+    ``dropped`` counts frames the service dropped because this reader was slow (0 if it
+    does not say).
+    """
+
+    version: int
+    samples_seen: int
+    classes: Any
+    updates: dict[str, int]
+    verification: VerificationState
+    dropped: int
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Event:
+        return cls(
+            int(doc["version"]),
+            int(doc["samples_seen"]),
+            doc.get("classes"),
+            {str(k): int(v) for k, v in doc.get("updates", {}).items()},
+            VerificationState.from_json(doc.get("verification") or {}),
+            int(doc.get("dropped", 0)),
+            doc,
+        )
+
+
+@dataclass(frozen=True)
+class Ack:
+    """The service logged frame ``id`` as seqs ``first_seq..last_seq``.
+
+    ``replayed`` is true when the frame id had been acknowledged before (a resend).
+    """
+
+    id: int | str
+    first_seq: int
+    last_seq: int
+    replayed: bool = False
+
+
+@dataclass
+class Progress:
+    """Counters of one ingestion stream, updated on every ack (``on_progress`` gets it)."""
+
+    sent_samples: int = 0
+    acked_samples: int = 0
+    acked_frames: int = 0
+    pending_frames: int = 0
+    replayed_frames: int = 0
+    replayed_samples: int = 0
+    reconnects: int = 0
+    last_ack: Ack | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+    @property
+    def samples_per_s(self) -> float:
+        """Acknowledged samples per second since the stream opened."""
+        elapsed = self.elapsed_s
+        return self.acked_samples / elapsed if elapsed > 0 else 0.0

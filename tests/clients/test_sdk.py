@@ -1,0 +1,283 @@
+"""The SDK against a live service (real Redis, HTTP and WebSocket): every call, sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from clients import (
+    AsyncOPMLClient,
+    Conflict,
+    ConnectionFailed,
+    FrameRejected,
+    InvalidInput,
+    NotFound,
+    OPMLClient,
+    Progress,
+    RetryPolicy,
+    Unavailable,
+)
+from service.core import COPML, OPML
+from tests.clients.conftest import FAST_RETRY, CuttableProxy
+from tests.service.support import ServiceProcess, core_learner, stream
+
+HYPER = {"algorithm": "copml", "gamma": 0.01, "gamma_pair": 0.005, "margin": 1.0, "seed": 3}
+
+
+def test_models_create_list_get_delete(client: OPMLClient, name: str) -> None:
+    created = client.create_model(name, 5, algorithm="opml", gamma=0.02, normalize="l2", seed=9)
+    assert (created.name, created.dim, created.algorithm) == (name, 5, "opml")
+    assert (created.gamma, created.normalize, created.seed, created.version) == (0.02, "l2", 9, 0)
+    assert name in [m.name for m in client.list_models()]
+    assert client.get_model(name) == created
+    with pytest.raises(Conflict) as conflict:
+        client.create_model(name, 5)
+    assert conflict.value.status == 409 and conflict.value.type and conflict.value.detail
+    client.delete_model(name)
+    with pytest.raises(NotFound) as missing:
+        client.get_model(name)
+    assert missing.value.status == 404 and name in missing.value.detail
+
+
+def test_ingest_and_every_query_match_the_core(client: OPMLClient, name: str) -> None:
+    X, y = stream(120, 4, 3, seed=1)
+    client.create_model(name, 4, **HYPER)
+    reference = core_learner(X, y, dim=4, **HYPER)
+    steps = core_learner(X[:0], [], dim=4, **HYPER).learn_many(X[:100], y[:100])
+
+    applied = client.ingest(name, X[:100], np.array(y[:100]), wait=True)
+    assert (applied.accepted, applied.first_seq, applied.last_seq, applied.version) == (
+        100,
+        1,
+        100,
+        100,
+    )
+    assert applied.results is not None
+    assert [r.outcome for r in applied.results] == [s.outcome for s in steps]
+    logged = client.ingest(name, X[100:119], y[100:119])
+    assert (logged.first_seq, logged.last_seq, logged.results) == (101, 119, None)
+    one = client.ingest_one(name, X[119], y[119], wait=True)
+    assert (one.first_seq, one.version) == (120, 120)
+
+    L = client.metric(name, min_version=120)
+    np.testing.assert_allclose(L, reference.L, rtol=0, atol=1e-12)
+    snap = client.metric_snapshot(name)
+    assert snap.version == 120
+    np.testing.assert_array_equal(snap.L, L)
+    d = client.distance(name, X[0], X[1])
+    assert d.version == 120
+    assert d.squared_distance == pytest.approx(reference.squared_distance(X[0], X[1]), abs=1e-12)
+    assert d.distance == pytest.approx(np.sqrt(d.squared_distance))
+    ds = client.distances(name, X[0], X[1:4])
+    np.testing.assert_allclose(
+        ds.squared_distances, reference.squared_distances(X[0], X[1:4]), atol=1e-12
+    )
+    verdict = client.verify(name, X[0], X[1], threshold=d.squared_distance)
+    assert verdict.same and verdict.threshold == d.squared_distance
+    assert not client.verify(name, X[0], X[1], threshold=d.squared_distance / 2).same
+    np.testing.assert_allclose(
+        client.transform(name, X[:5]).z, reference.transform(X[:5]), atol=1e-12
+    )
+
+    estimator = client.to_sklearn(name)
+    assert isinstance(estimator, COPML) and estimator.gamma_pair == HYPER["gamma_pair"]
+    np.testing.assert_array_equal(estimator.components_, L)
+    np.testing.assert_allclose(estimator.transform(X[:5]), reference.transform(X[:5]), atol=1e-12)
+
+    warm = np.diag([2.0, 1.0, 1.0, 0.5])
+    assert client.put_metric(name, warm).name == name
+    np.testing.assert_array_equal(client.metric(name), warm)
+
+
+def test_bad_input_raises_the_problem_and_logs_nothing(client: OPMLClient, name: str) -> None:
+    client.create_model(name, 3)
+    with pytest.raises(InvalidInput) as bad:
+        client.ingest(name, [[1.0, 2.0], [3.0, 4.0]], ["a", "b"])  # dim is 3
+    assert bad.value.status == 422 and bad.value.errors
+    assert client.get_model(name).samples_seen == 0
+    with pytest.raises(ValueError, match="NaN"):
+        client.ingest(name, [[1.0, np.nan, 3.0]], ["a"])  # refused before sending
+
+
+def test_retried_ingest_with_same_key_logs_once(client: OPMLClient, name: str) -> None:
+    client.create_model(name, 2)
+    first = client.ingest(name, [[1.0, 0.0]], ["a"], idempotency_key="k-1")
+    again = client.ingest(name, [[1.0, 0.0]], ["a"], idempotency_key="k-1")
+    assert (again.first_seq, again.last_seq) == (first.first_seq, first.last_seq) == (1, 1)
+    assert client.get_model(name).raw["logged_seq"] == 1
+
+
+def test_503_is_retried_then_raised_with_retry_after(service: ServiceProcess, name: str) -> None:
+    with OPMLClient(service.url, retry=RetryPolicy(attempts=1, max_delay_s=0.05)) as c:
+        c.create_model(name, 2)
+        with pytest.raises(Unavailable) as unavailable:
+            c.distance(name, [0, 0], [1, 1], min_version=10**9)
+    assert unavailable.value.status == 503 and unavailable.value.retry_after is not None
+
+
+def test_unreachable_service_raises_connection_failed() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        retry = RetryPolicy(attempts=2, base_delay_s=0.01)
+        with (
+            OPMLClient(f"http://127.0.0.1:{port}", retry=retry) as c,
+            pytest.raises(ConnectionFailed),
+        ):
+            c.livez()
+
+
+def test_operations(client: OPMLClient) -> None:
+    assert client.livez()["status"] == "ok"
+    assert client.readyz()["status"] == "ok"
+    assert "# TYPE" in client.prometheus_metrics()
+    assert "/v1/models" in client.openapi()["paths"]
+
+
+def test_events_follow_the_model(client: OPMLClient, name: str) -> None:
+    client.create_model(name, 2)
+    client.ingest(name, [[0.0, 1.0], [1.0, 0.0], [0.0, 0.9]], ["a", "b", "a"], wait=True)
+    event = next(client.events(name, interval_ms=20))
+    assert (event.version, event.samples_seen, event.dropped) == (3, 3, 0)
+    assert event.updates["triplet"] + event.updates["passive"] == 1
+
+
+def test_stream_to_a_missing_model_raises_not_found(client: OPMLClient) -> None:
+    with pytest.raises(NotFound), client.stream("no-such-model") as s:
+        s.send([[0.0, 1.0]], ["a"])
+        s.flush()
+
+
+def test_stream_rejected_frame_names_its_id(client: OPMLClient, name: str) -> None:
+    client.create_model(name, 2)
+    with pytest.raises(FrameRejected) as rejected, client.stream(name) as s:
+        s.send([[0.0, 1.0, 2.0]], ["a"], frame_id="wrong-dim")
+        s.flush()
+    assert rejected.value.frame_id == "wrong-dim" and rejected.value.status == 422
+    assert client.get_model(name).samples_seen == 0
+
+
+def test_resent_frame_ids_are_acknowledged_not_logged(client: OPMLClient, name: str) -> None:
+    X, y = stream(200, 3, 2, seed=2)
+    client.create_model(name, 3)
+    for _ in range(2):
+        with client.stream(name, window=4) as s:
+            for lo in range(0, 200, 50):
+                s.send(X[lo : lo + 50], y[lo : lo + 50], frame_id=f"{name}:{lo}")
+    assert (s.progress.acked_samples, s.progress.replayed_samples) == (200, 200)
+    assert s.progress.last_ack is not None and s.progress.last_ack.last_seq == 200
+    client.metric(name, min_version=200)
+    model = client.get_model(name)
+    assert (model.samples_seen, model.raw["logged_seq"]) == (200, 200)
+
+
+def _cut_at(
+    proxy: CuttableProxy, acked_frames: set[int]
+) -> tuple[list[int], Callable[[Progress], None]]:
+    """An ``on_progress`` that cuts every proxied connection after those acked frame counts."""
+    seen: list[int] = []
+
+    def on_progress(p: Progress) -> None:
+        seen.append(p.acked_samples)
+        if p.acked_frames in acked_frames:
+            proxy.cut()
+
+    return seen, on_progress
+
+
+def test_stream_cut_mid_way_applies_every_sample_once(
+    client: OPMLClient, proxy: CuttableProxy, name: str
+) -> None:
+    X, y = stream(2000, 6, 4, seed=4)
+    client.create_model(name, 6, **HYPER)
+    seen, on_progress = _cut_at(proxy, {3, 17, 30})
+    via_proxy = OPMLClient(proxy.url, retry=FAST_RETRY)
+    with via_proxy, via_proxy.stream(name, window=8, on_progress=on_progress) as s:
+        for lo in range(0, 2000, 40):
+            s.send(X[lo : lo + 40], y[lo : lo + 40])
+    assert proxy.cuts == 3 and s.progress.reconnects >= 3
+    assert s.progress.acked_samples == 2000 and seen == sorted(seen)
+    L = client.metric(name, min_version=2000)  # applied, not only logged
+    model = client.get_model(name)
+    assert (model.samples_seen, model.raw["logged_seq"]) == (2000, 2000)
+    reference = core_learner(X, y, dim=6, **HYPER)
+    np.testing.assert_allclose(L, reference.L, rtol=0, atol=1e-12)
+
+
+def test_async_stream_cut_mid_way_applies_every_sample_once(
+    client: OPMLClient, proxy: CuttableProxy, name: str
+) -> None:
+    X, y = stream(1500, 5, 3, seed=5)
+    client.create_model(name, 5, **HYPER)
+    _, on_progress = _cut_at(proxy, {2, 20})
+
+    async def run() -> Progress:
+        async with AsyncOPMLClient(proxy.url, retry=FAST_RETRY) as via_proxy:
+            async with via_proxy.stream(name, window=6, on_progress=on_progress) as s:
+                for lo in range(0, 1500, 30):
+                    await s.send(X[lo : lo + 30], y[lo : lo + 30])
+            return s.progress
+
+    progress = asyncio.run(run())
+    assert proxy.cuts == 2 and progress.reconnects >= 2 and progress.acked_samples == 1500
+    L = client.metric(name, min_version=1500)  # applied, not only logged
+    model = client.get_model(name)
+    assert (model.samples_seen, model.raw["logged_seq"]) == (1500, 1500)
+    reference = core_learner(X, y, dim=5, **HYPER)
+    np.testing.assert_allclose(L, reference.L, rtol=0, atol=1e-12)
+
+
+def test_async_client_every_call(service: ServiceProcess, name: str) -> None:
+    X, y = stream(90, 3, 3, seed=6)
+    reference = core_learner(X, y, dim=3, **HYPER)
+
+    async def run() -> None:
+        async with AsyncOPMLClient(service.url, retry=FAST_RETRY) as c:
+            assert (await c.livez())["status"] == "ok"
+            assert (await c.readyz())["status"] == "ok"
+            assert "# TYPE" in await c.prometheus_metrics()
+            assert "/v1/models" in (await c.openapi())["paths"]
+            created = await c.create_model(name, 3, **HYPER)
+            assert created == await c.get_model(name)
+            assert name in [m.name for m in await c.list_models()]
+            with pytest.raises(Conflict):
+                await c.create_model(name, 3)
+            assert (await c.ingest(name, X[:40], y[:40], wait=True)).version == 40
+            assert (await c.ingest_one(name, X[40], y[40])).last_seq == 41
+            async with c.stream(name, window=2) as s:
+                for lo in range(41, 90, 7):
+                    await s.send(X[lo : lo + 7], y[lo : lo + 7])
+            assert s.progress.last_ack is not None and s.progress.last_ack.last_seq == 90
+            L = await c.metric(name, min_version=90)
+            np.testing.assert_allclose(L, reference.L, atol=1e-12)
+            assert (await c.metric_snapshot(name)).version == 90
+            d = await c.distance(name, X[0], X[1])
+            assert d.squared_distance == pytest.approx(
+                reference.squared_distance(X[0], X[1]), abs=1e-12
+            )
+            ds = await c.distances(name, X[0], X[:2])
+            assert ds.distances[0] == 0.0 and ds.distances[1] == pytest.approx(d.distance)
+            assert (await c.verify(name, X[0], X[0], threshold=0.0)).same
+            z = (await c.transform(name, X[:3])).z
+            np.testing.assert_allclose(z, reference.transform(X[:3]), atol=1e-12)
+            estimator = await c.to_sklearn(name)
+            np.testing.assert_array_equal(estimator.components_, L)
+            async for event in c.events(name, interval_ms=20):
+                assert event.samples_seen == 90
+                break
+            await c.put_metric(name, np.eye(3) * 2)
+            np.testing.assert_array_equal(await c.metric(name), np.eye(3) * 2)
+            await c.delete_model(name)
+            with pytest.raises(NotFound):
+                await c.get_model(name)
+
+    asyncio.run(run())
+
+
+def test_to_sklearn_of_an_opml_model(client: OPMLClient, name: str) -> None:
+    client.create_model(name, 2, algorithm="opml", gamma=0.05, seed=1)
+    assert type(client.to_sklearn(name)) is OPML
