@@ -11,7 +11,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
@@ -33,7 +33,9 @@ from clients.types import (
     Transformed,
     Verdict,
 )
-from service.core import COPML, OPML
+
+if TYPE_CHECKING:
+    from service.core import COPML, OPML
 
 WS_TRANSIENT = (ConnectionClosed, OSError, TimeoutError)
 
@@ -60,8 +62,10 @@ class AsyncStream:
     Acks are read while the window is full and on :meth:`flush`, so ``on_progress`` runs at
     those points.
 
-    >>> async with client.stream("faces") as stream:                # doctest: +SKIP
-    ...     await stream.send(X, y)
+    Example (against a running service)::
+
+        async with client.stream("faces") as stream:
+            await stream.send(X, y)
     """
 
     def __init__(
@@ -185,12 +189,14 @@ class AsyncOPMLClient:
     """asyncio client of the opml-service API: the methods of :class:`clients.OPMLClient`,
     awaited.
 
-    >>> from clients import AsyncOPMLClient
-    >>> async with AsyncOPMLClient("http://127.0.0.1:8000") as client:  # doctest: +SKIP
-    ...     await client.create_model("faces", dim=3)
-    ...     async with client.stream("faces") as stream:
-    ...         await stream.send([[0, 0, 1], [0, 1, 0]], ["ann", "bob"])
-    ...     L = await client.metric("faces")
+    Example (against a running service)::
+
+        from clients import AsyncOPMLClient
+        async with AsyncOPMLClient("http://127.0.0.1:8000") as client:
+            await client.create_model("faces", dim=3)
+            async with client.stream("faces") as stream:
+                await stream.send([[0, 0, 1], [0, 1, 0]], ["ann", "bob"])
+            L = await client.metric("faces")
     """
 
     def __init__(

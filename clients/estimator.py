@@ -11,10 +11,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clients.types import Array, Model
-from service.core import COPML, OPML, Learner, LearnerConfig
+from service.core import Learner, LearnerConfig
+
+if TYPE_CHECKING:
+    from service.core import COPML, OPML
 
 
 def estimator_for(model: Model, L: Array) -> OPML | COPML:
@@ -25,6 +28,8 @@ def estimator_for(model: Model, L: Array) -> OPML | COPML:
     service did at that ``L``. The per-class buffer stays on the service, so a later
     ``partial_fit`` continues from ``L`` as a warm start, not from the service's stream.
     """
+    from service.core import COPML, OPML  # scikit-learn, when installed: only when asked for
+
     estimator: OPML | COPML
     hyper: dict[str, Any] = dict(
         gamma=model.gamma, margin=model.margin, normalize=model.normalize, random_state=model.seed

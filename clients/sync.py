@@ -10,7 +10,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -32,7 +32,9 @@ from clients.types import (
     Transformed,
     Verdict,
 )
-from service.core import COPML, OPML
+
+if TYPE_CHECKING:
+    from service.core import COPML, OPML
 
 #: Failures of a WebSocket that a reconnect may cure.
 WS_TRANSIENT = (ConnectionClosed, OSError, TimeoutError)
@@ -59,11 +61,13 @@ class Stream:
     the ``with`` block waits for the last acks and closes the socket (on an exception it closes
     at once). ``on_progress`` is called with the :class:`Progress` after every ack.
 
-    >>> with client.stream("faces", window=32) as stream:           # doctest: +SKIP
-    ...     for X_chunk, y_chunk in chunks:
-    ...         stream.send(X_chunk, y_chunk)
-    >>> stream.progress.acked_samples                                # doctest: +SKIP
-    10000
+    Example (against a running service)::
+
+        with client.stream("faces", window=32) as stream:
+            for X_chunk, y_chunk in chunks:
+                stream.send(X_chunk, y_chunk)
+        stream.progress.acked_samples
+        # -> 10000
     """
 
     def __init__(
@@ -202,13 +206,15 @@ class OPMLClient:
     vectors and matrices). Errors raise :class:`clients.errors.APIError` subclasses carrying the
     problem+json members; 503s and dropped connections are retried per ``retry``.
 
-    >>> from clients import OPMLClient
-    >>> with OPMLClient("http://127.0.0.1:8000") as client:          # doctest: +SKIP
-    ...     client.create_model("faces", dim=3)
-    ...     client.ingest("faces", [[0, 0, 1], [0, 1, 0]], ["ann", "bob"], wait=True)
-    ...     client.distance("faces", [0, 0, 1], [0, 1, 0]).distance
-    ...     L = client.metric("faces")                       # numpy (d, d)
-    ...     est = client.to_sklearn("faces")                 # a fitted service.core COPML
+    Example (against a running service)::
+
+        from clients import OPMLClient
+        with OPMLClient("http://127.0.0.1:8000") as client:
+            client.create_model("faces", dim=3)
+            client.ingest("faces", [[0, 0, 1], [0, 1, 0]], ["ann", "bob"], wait=True)
+            client.distance("faces", [0, 0, 1], [0, 1, 0]).distance
+            L = client.metric("faces")                       # numpy (d, d)
+            est = client.to_sklearn("faces")                 # a fitted service.core COPML
     """
 
     def __init__(

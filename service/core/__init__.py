@@ -6,10 +6,14 @@ Learning", Pattern Recognition 75 (2018). Equation numbers in this package are t
 * :class:`Learner` / :class:`LearnerConfig` -- the online learner the service runs.
 * :class:`OPML` / :class:`COPML` -- scikit-learn / metric-learn style estimators.
 * :class:`ThresholdCalibrator` -- online EER calibration of the verification threshold.
+
+``OPML`` and ``COPML`` are imported on first use: they pull in scikit-learn (when installed),
+which the service and the command line need not pay for at start-up.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from service.core.calibration import Calibration, ThresholdCalibrator
-from service.core.estimators import COPML, OPML
 from service.core.learner import OUTCOMES, Learner, LearnerConfig, normalize_rows
 from service.core.update import StepResult
 
@@ -24,3 +28,15 @@ __all__ = [
     "ThresholdCalibrator",
     "normalize_rows",
 ]
+
+
+if TYPE_CHECKING:
+    from service.core.estimators import COPML, OPML
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("OPML", "COPML"):
+        from service.core import estimators
+
+        return getattr(estimators, name)
+    raise AttributeError(f"module 'service.core' has no attribute {name!r}")

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 from clients import OPMLClient
-from tests.service.support import ServiceProcess, core_learner, stream
+from tests.service.support import ServiceProcess, core_learner, free_port, stream
 
 OPML = str(Path(sys.executable).with_name("opml"))
 
@@ -147,3 +152,48 @@ def test_unreachable_service_exits_6() -> None:
         timeout=60,
     )
     assert done.returncode == 6 and "opml:" in done.stderr
+
+
+def test_serve_runs_the_service_on_its_embedded_redis(tmp_path: Path) -> None:
+    """``opml serve`` (the Quickstart's service, without dev.py) serves and keeps its data."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [OPML, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPML_")}
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                    return proc
+            time.sleep(0.1)
+        proc.kill()
+        raise TimeoutError("opml serve did not become ready")
+
+    def stop(proc: subprocess.Popen[bytes]) -> None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+    proc = start()
+    redis_pid = json.loads((tmp_path / "data" / "redis.json").read_text())["pid"]
+    try:
+        created = subprocess.run(
+            [OPML, "--url", url, "models", "create", "kept", "--dim", "2", "--json"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert created.returncode == 0, created.stderr
+    finally:
+        stop(proc)
+    assert not Path(f"/proc/{redis_pid}").exists()  # its embedded redis-server stopped too
+    proc = start()
+    try:
+        listed = subprocess.run(
+            [OPML, "--url", url, "models", "list", "--json"],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert [m["name"] for m in json.loads(listed.stdout)["models"]] == ["kept"]
+    finally:
+        stop(proc)
