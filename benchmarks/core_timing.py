@@ -70,12 +70,13 @@ def time_naive(X: np.ndarray, y: np.ndarray, gamma: float = 1e-3) -> tuple[float
     start = time.perf_counter()
     for x, label in zip(X, y, strict=True):
         k = int(label)
+        u = rng.random()  # the learner draws one uniform per sample (Sec. III-A)
         if k not in buffer:
             buffer[k] = x
             order.append(k)
             continue
         slot = order.index(k)
-        j = int(rng.random() * (len(order) - 1))  # the learner's draw (Sec. III-A)
+        j = int(u * (len(order) - 1))
         j += j >= slot
         a, b = x - buffer[k], x - buffer[order[j]]
         A = np.outer(a, a) - np.outer(b, b)

@@ -19,6 +19,7 @@ from service import errors, telemetry
 from service.api.limits import BodyLimit
 from service.api.main import api_router
 from service.config import Settings, get_settings
+from service.core import warm_up
 from service.models.service import ModelService
 from service.storage.embedded import EmbeddedRedis
 from service.storage.store import Store, connect
@@ -35,6 +36,8 @@ def _operation_id(route: APIRoute) -> str:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start Redis (embedded unless ``OPML_REDIS_URL``) and the models; stop them in reverse."""
     settings: Settings = app.state.settings
+    # Compile the learning kernel (or load it from numba's cache) before anything is served.
+    await asyncio.to_thread(warm_up)
     embedded: EmbeddedRedis | None = None
     url = settings.redis_url
     if url is None:

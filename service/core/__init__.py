@@ -14,8 +14,8 @@ which the service and the command line need not pay for at start-up.
 from typing import TYPE_CHECKING, Any
 
 from service.core.calibration import Calibration, ThresholdCalibrator
-from service.core.learner import OUTCOMES, Learner, LearnerConfig, normalize_rows
-from service.core.update import StepResult
+from service.core.learner import OUTCOMES, Learner, LearnerConfig, normalize_rows, warm_up
+from service.core.update import StepResult, StepResults
 
 __all__ = [
     "COPML",
@@ -25,8 +25,10 @@ __all__ = [
     "Learner",
     "LearnerConfig",
     "StepResult",
+    "StepResults",
     "ThresholdCalibrator",
     "normalize_rows",
+    "warm_up",
 ]
 
 

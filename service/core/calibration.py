@@ -66,6 +66,18 @@ class ThresholdCalibrator:
         row[1] = d_neg
         self._count += 1
 
+    def observe_many(self, d_pos: Array, d_neg: Array) -> None:
+        """Record several triplets, in order (as many :meth:`observe` calls)."""
+        n = len(d_pos)
+        if n >= self.window:  # only the newest ``window`` pairs survive
+            d_pos, d_neg = d_pos[n - self.window :], d_neg[n - self.window :]
+            self._count += n - self.window
+            n = self.window
+        rows = (self._count + np.arange(n)) % self.window
+        self._pairs[rows, 0] = d_pos
+        self._pairs[rows, 1] = d_neg
+        self._count += n
+
     def _window(self) -> Array:
         return self._pairs[: min(self._count, self.window)]
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -25,35 +24,17 @@ from service.core._validation import (
     label_key,
 )
 from service.core.calibration import ThresholdCalibrator
-from service.core.update import EntryBound, StepResult, pair_step, triplet_step
+from service.core.update import OUTCOMES as OUTCOMES
+from service.core.update import TRIPLET_CODES, StepResult, StepResults, learn_batch
 
 Algorithm = Literal["opml", "copml"]
 Normalize = Literal["none", "l2"]
 
-#: Every outcome a step can have. ``new_class``: first sample of its class, buffered only.
-#: ``pair_update``: COPML cold-start pair step (Eq. 20). ``triplet_update``: OPML step (Eq. 16).
-#: ``shrunk_update``: OPML step with gamma reduced to keep ``I + gamma A`` positive definite.
-#: ``passive``: hinge <= 0, ``L`` untouched. ``single_class``: OPML (no pre-stage) while one
-#: class has been seen, buffered only. ``skipped``: the step would overflow float64; ``L``
-#: untouched (see :mod:`service.core.update`).
-OUTCOMES = (
-    "new_class",
-    "pair_update",
-    "triplet_update",
-    "shrunk_update",
-    "passive",
-    "single_class",
-    "skipped",
-)
-TRIPLET_OUTCOMES = frozenset({"triplet_update", "shrunk_update", "passive"})
-
 STATE_FORMAT = 1
-_NEW_CLASS = StepResult("new_class")
-_SINGLE_CLASS = StepResult("single_class")
 
 
 def _quiet() -> np.errstate:
-    """Overflow in a step is detected and handled (outcome ``skipped``): no numpy warning."""
+    """Enormous query inputs may overflow to inf, an honest answer: no numpy warning."""
     return np.errstate(over="ignore", invalid="ignore")
 
 
@@ -117,7 +98,8 @@ class LearnerConfig:
 @dataclass
 class _Stats:
     samples_seen: int = 0
-    outcomes: Counter[str] = field(default_factory=Counter)
+    #: Steps by outcome code (indexes :data:`OUTCOMES`).
+    outcomes: Any = field(default_factory=lambda: np.zeros(len(OUTCOMES), dtype=np.int64))
 
 
 def normalize_rows(X: Array, how: Normalize) -> Array:
@@ -159,14 +141,13 @@ class Learner:
         self.config = config
         d = config.dim
         self._L: Array = np.eye(d)
-        self._bound = EntryBound(self._L)
+        self._bound = 1.0  # an upper bound of max |L_ij| (see service.core.update)
         self._buffer: Array = np.empty((4, d))
         self._classes: list[str] = []
         self._index: dict[str, int] = {}
         self._rng = np.random.default_rng(config.seed)
         self._stats = _Stats()
         self.calibrator = ThresholdCalibrator(config.calibration_window)
-        self._ab: Array = np.empty((2, d))
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -198,7 +179,7 @@ class Learner:
     @property
     def counts(self) -> dict[str, int]:
         """Steps by outcome (every outcome of :data:`OUTCOMES`, zeros included)."""
-        return {name: self._stats.outcomes.get(name, 0) for name in OUTCOMES}
+        return dict(zip(OUTCOMES, self._stats.outcomes.tolist(), strict=True))
 
     def buffer(self, label: int | str) -> Array:
         """A copy of ``h_k``, the latest (normalised) sample of class ``label``."""
@@ -214,67 +195,74 @@ class Learner:
         """Learn one labelled sample; ValueError (and no state change) on bad input."""
         xs = check_vector(x, self.dim, "x")
         key = label_key(y, "y")
-        row = normalize_rows(xs[None, :], self.config.normalize)[0]
-        if self.dim < _THREADED_DIM:
-            with _quiet():
-                return self._step(row, key)
-        with _blas().limit(limits=1, user_api="blas"), _quiet():
-            return self._step(row, key)
+        return self._learn(xs[None, :], [key])[0]
 
-    def learn_many(self, X: Any, y: Any) -> list[StepResult]:
+    def learn_many(self, X: Any, y: Any) -> StepResults:
         """Learn the rows of ``X`` in order; the same final state as a :meth:`learn_one` loop.
 
         Everything is validated before the first sample is learned, so bad input anywhere in
-        the batch changes nothing.
+        the batch changes nothing. The results are a sequence of :class:`StepResult`.
         """
         Xs = check_matrix(X, self.dim, "X")
         labels = list(y) if not isinstance(y, str) else [y]
         if len(labels) != Xs.shape[0]:
             raise ValueError(f"y: expected {Xs.shape[0]} labels, got {len(labels)}")
         keys = [label_key(label, f"y[{i}]") for i, label in enumerate(labels)]
-        rows = normalize_rows(Xs, self.config.normalize)
-        # The step is memory-bound with an inner dimension of 2: one BLAS thread is as fast on
-        # an idle machine and several times faster on a busy one (benchmarks/core_timing.py).
-        with _blas().limit(limits=1, user_api="blas"), _quiet():
-            return [self._step(row, key) for row, key in zip(rows, keys, strict=True)]
+        return self._learn(Xs, keys)
 
-    def _step(self, x: Array, key: str) -> StepResult:
-        stats = self._stats
-        slot = self._index.get(key)
-        if slot is None:
-            step = _NEW_CLASS
-            self._remember(key, x)
+    def _learn(self, X: Array, keys: list[str]) -> StepResults:
+        """Learn validated rows: classes first (buffer rows), then the compiled loop."""
+        n = len(keys)
+        # C-contiguous and writable: the types the kernel is compiled (and cached) for.
+        rows = np.require(normalize_rows(X, self.config.normalize), np.float64, ["C", "W"])
+        slots = np.empty(n, dtype=np.int64)
+        known = np.empty(n, dtype=np.int64)
+        index, classes = self._index, self._classes
+        for t, key in enumerate(keys):
+            known[t] = len(classes)
+            slot = index.get(key)
+            if slot is None:
+                slot = index[key] = len(classes)
+                classes.append(key)
+            slots[t] = slot
+        self._reserve(len(classes))
+        # Every sample draws one uniform, used when it forms a triplet (Sec. III-A), so the
+        # stream of draws does not depend on how samples are batched.
+        uniforms = self._rng.random(n)
+        codes = np.empty(n, dtype=np.int64)
+        values = np.empty((n, 4))
+        cfg = self.config
+        args = (self._L, self._buffer, rows, slots, known, uniforms, cfg.algorithm == "copml",
+                cfg.gamma, cfg.gamma_pair, cfg.margin, self._bound, codes, values)
+        if n == 1 and self.dim < _THREADED_DIM:
+            self._bound = learn_batch(*args)
         else:
-            c = len(self._classes)
-            h = self._buffer[slot]
-            if c == 1:
-                if self.config.algorithm == "copml":
-                    step = pair_step(self._L, x - h, self.config.gamma_pair, self._bound)
-                else:
-                    step = _SINGLE_CLASS
-            else:
-                # The negative class, uniform among the other c - 1 (Sec. III-A).
-                j = int(self._rng.random() * (c - 1))
-                if j >= slot:
-                    j += 1
-                ab = self._ab
-                np.subtract(x, h, out=ab[0])
-                np.subtract(x, self._buffer[j], out=ab[1])
-                step = triplet_step(self._L, ab, self.config.gamma, self.config.margin, self._bound)
-                if step.outcome in TRIPLET_OUTCOMES:
-                    assert step.d_pos is not None and step.d_neg is not None
-                    self.calibrator.observe(step.d_pos, step.d_neg)
-            h[:] = x
-        stats.samples_seen += 1
-        stats.outcomes[step.outcome] += 1
-        return step
+            # The step is memory-bound with an inner dimension of 2: one BLAS thread is as
+            # fast on an idle machine and several times faster on a busy one.
+            with _blas().limit(limits=1, user_api="blas"):
+                self._bound = learn_batch(*args)
+        self._stats.samples_seen += n
+        if n == 1:  # learn_one: spare it the array bookkeeping below
+            code = int(codes[0])
+            self._stats.outcomes[code] += 1
+            if TRIPLET_CODES[0] <= code <= TRIPLET_CODES[-1]:
+                self.calibrator.observe(float(values[0, 1]), float(values[0, 2]))
+        else:
+            triplets = (codes >= TRIPLET_CODES[0]) & (codes <= TRIPLET_CODES[-1])
+            self.calibrator.observe_many(values[triplets, 1], values[triplets, 2])
+            self._stats.outcomes += np.bincount(codes, minlength=len(OUTCOMES))
+        return StepResults(codes, values)
+
+    def _reserve(self, rows: int) -> None:
+        """Grow the buffer H (doubling) to hold ``rows`` classes."""
+        if rows > len(self._buffer):
+            grown = np.empty((max(rows, 2 * len(self._buffer)), self.dim))
+            grown[: len(self._buffer)] = self._buffer
+            self._buffer = grown
 
     def _remember(self, key: str, x: Array) -> None:
         c = len(self._classes)
-        if c == len(self._buffer):
-            grown = np.empty((2 * c, self.dim))
-            grown[:c] = self._buffer[:c]
-            self._buffer = grown
+        self._reserve(c + 1)
         self._buffer[c] = x
         self._index[key] = c
         self._classes.append(key)
@@ -282,7 +270,7 @@ class Learner:
     def set_metric(self, L: Any) -> None:
         """Replace ``L`` (warm start from a matrix learned elsewhere); the rest is kept."""
         self._L = np.array(check_metric(L, self.dim, "L"), dtype=np.float64, order="C")
-        self._bound = EntryBound(self._L)
+        self._bound = float(np.abs(self._L).max())
 
     # -- queries on the current metric (Eqs. 1, 2) -----------------------------------------
 
@@ -339,7 +327,7 @@ class Learner:
                 "uinteger": int(rng["uinteger"]),
             },
             "samples_seen": self._stats.samples_seen,
-            "outcomes": dict(self._stats.outcomes),
+            "outcomes": {k: v for k, v in self.counts.items() if v},
             "calibration": cal_meta,
         }
         return arrays, meta
@@ -366,8 +354,22 @@ class Learner:
             "uinteger": int(rng["uinteger"]),
         }
         learner._stats.samples_seen = int(meta["samples_seen"])
-        learner._stats.outcomes.update({str(k): int(v) for k, v in meta["outcomes"].items()})
+        for name, count in meta["outcomes"].items():
+            learner._stats.outcomes[OUTCOMES.index(name)] = int(count)
         learner.calibrator = ThresholdCalibrator.from_state(
             arrays["calibration"], meta["calibration"]
         )
         return learner
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's on-disk cache) the learning kernel for the types it gets.
+
+    The first compilation takes seconds; a service calls this before it reports ready, so no
+    request waits for it. Later processes load the cached machine code in well under a second.
+    """
+    algorithm: Algorithm
+    for algorithm in ("opml", "copml"):
+        learner = Learner(LearnerConfig(dim=2, algorithm=algorithm))
+        learner.learn_many(np.eye(2)[[0, 0, 1, 1]], ["a", "a", "b", "b"])
+        learner.learn_one([0.0, 1.0], "b")

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,7 +237,7 @@ class ModelRuntime:
         telemetry.UPDATE_DURATION.labels(self.name).observe(time.perf_counter() - started)
 
     def _record(
-        self, run: list[tuple[StreamId, dict[bytes, bytes]]], results: list[StepResult]
+        self, run: list[tuple[StreamId, dict[bytes, bytes]]], results: Sequence[StepResult]
     ) -> None:
         outcomes: dict[str, int] = {}
         for r in results:

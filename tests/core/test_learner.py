@@ -145,7 +145,7 @@ def test_learn_many_equals_the_learn_one_loop(algorithm: str, normalize: str, d:
     one, many = Learner(config), Learner(config)
     loop_results = [one.learn_one(x, label) for x, label in zip(X, y, strict=True)]
     batch_results = many.learn_many(X, y)
-    assert loop_results == batch_results
+    assert loop_results == list(batch_results)
     assert_same_state(one, many)
     assert np.array_equal(one.L, many.L)
 
