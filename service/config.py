@@ -36,6 +36,31 @@ class Settings(BaseSettings):
     )
     log_level: str = Field(default="info", description="uvicorn / service log level.")
 
+    # -- security (service/security.py) --
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description='API keys as JSON list of "<sha256 hex of the key>:<scope>,<scope>" entries '
+        "(scopes: ingest, query, admin); empty: no authentication (loopback only).",
+    )
+    allow_insecure_bind: bool = Field(
+        default=False,
+        description="Allow binding a non-loopback host without API keys (anyone can write).",
+    )
+
+    # -- several processes on one Redis (service/models/lease.py) --
+    lease_ttl_s: float = Field(
+        default=10.0,
+        ge=0.5,
+        description="A model's writer lease; a dead owner is replaced within about this long.",
+    )
+    poll_interval_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        description="How often a model's writer looks for log entries appended by other "
+        "processes (its own appends wake it at once).",
+    )
+
     # -- learner and durability --
     batch_max: int = Field(
         default=512, ge=1, description="Log entries the learner applies per batch."

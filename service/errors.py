@@ -74,6 +74,30 @@ class InvalidInput(ServiceError):
         super().__init__(detail, errors=errors or [])
 
 
+class Unauthorized(ServiceError):
+    """401 with ``WWW-Authenticate``: no API key, or one that is not configured."""
+
+    status = 401
+    title = "Unauthorized"
+    slug = "unauthorized"
+
+    def __init__(self, detail: str, *, challenge: str) -> None:
+        super().__init__(detail, headers={"WWW-Authenticate": challenge})
+
+
+class Forbidden(ServiceError):
+    """403: the API key is valid but lacks the scope the route needs (``required_scope``)."""
+
+    status = 403
+    title = "Forbidden"
+    slug = "forbidden"
+
+    def __init__(self, detail: str, *, challenge: str, required_scope: str) -> None:
+        super().__init__(
+            detail, headers={"WWW-Authenticate": challenge}, required_scope=required_scope
+        )
+
+
 class NotFound(ServiceError):
     """404: no such model (or route)."""
 

@@ -6,7 +6,7 @@ one Redis Cluster slot. The only key outside a model's slot is the registry set.
 >>> ModelKeys("faces").log
 'opml:{faces}:log'
 >>> len(set(ModelKeys("faces").all()))
-7
+9
 """
 
 from __future__ import annotations
@@ -64,6 +64,16 @@ class ModelKeys:
         """Hash: the per-class latest-sample buffer H (class -> vector bytes), with the ckpt."""
         return f"{self._base}:buffer"
 
+    @property
+    def lease(self) -> str:
+        """String ``"<fencing token> <owner id>"`` with a TTL: who runs the model's writer."""
+        return f"{self._base}:lease"
+
+    @property
+    def fence(self) -> str:
+        """Integer: the latest fencing token granted (INCR); checkpoints with an older one fail."""
+        return f"{self._base}:fence"
+
     def all(self) -> list[str]:
         """Every key of this model (DELETE removes exactly these)."""
         return [
@@ -74,4 +84,6 @@ class ModelKeys:
             self.idempotency_expiry,
             self.checkpoint,
             self.buffer,
+            self.lease,
+            self.fence,
         ]

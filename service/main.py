@@ -16,13 +16,15 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from service import errors, telemetry
+from service.api import auth
 from service.api.limits import BodyLimit
 from service.api.main import api_router
 from service.config import Settings, get_settings
 from service.core import warm_up
 from service.models.service import ModelService
+from service.security import KeyRing
 from service.storage.embedded import EmbeddedRedis
-from service.storage.store import Store, connect
+from service.storage.store import Store, connect, redacted_url
 
 log = logging.getLogger("service")
 
@@ -43,6 +45,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if url is None:
         embedded = EmbeddedRedis(settings.data_dir, settings.redis_appendfsync)
         url = await asyncio.to_thread(embedded.start)
+    else:
+        log.info("using Redis at %s", redacted_url(url))
     client = connect(url, settings.redis_timeout_s)
     models = ModelService(Store(client), settings)
     app.state.models = models
@@ -72,6 +76,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     app.include_router(api_router)
+    auth.document(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    # before BodyLimit and the routes: a caller without the right key never gets a body read
+    app.add_middleware(auth.Authenticate, keys=KeyRing.parse(settings.api_keys))
     app.add_middleware(telemetry.HttpMetrics)  # outermost: times and counts every answer
     return app

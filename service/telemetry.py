@@ -121,6 +121,12 @@ REPLAYED = Counter(
     "Samples replayed from the log tail when the model was loaded at start-up.",
     ["model"],
 )
+CHECKPOINTS_FENCED = Counter(
+    "opml_checkpoints_fenced_total",
+    "Checkpoints Redis refused because a newer fencing token was granted (this process had "
+    "lost the model's lease; another process owns it).",
+    ["model"],
+)
 REDIS_ERRORS = Counter(
     "opml_redis_errors_total",
     "Failed Redis calls by component (api: HTTP requests, ws: stream frames, writer: log "
@@ -142,6 +148,7 @@ _PER_MODEL = (
     UPDATE_DURATION,
     VERIFY_DECISIONS,
     CHECKPOINT_DURATION,
+    CHECKPOINTS_FENCED,
     REPLAYED,
 )
 
@@ -179,6 +186,8 @@ _STATE = {
     "opml_verification_calibrated": "1 once the window holds enough pairs to calibrate.",
     "opml_verification_window_pairs": "Triplet (positive, negative) pairs in the window.",
     "opml_checkpoint_seq": "Last seq included in the latest checkpoint.",
+    "opml_model_owner": "1 while this process holds the model's lease (applies and "
+    "checkpoints it), 0 while it follows the log as a read replica.",
     "opml_checkpoint_age_seconds": "Seconds since the latest checkpoint was written (since "
     "the model was created if it has none), computed at scrape time.",
 }
@@ -222,6 +231,7 @@ class ModelStateCollector(Collector):
                 "opml_verification_window_pairs": cal.pairs,
                 "opml_checkpoint_seq": rt.checkpoint.seq,
                 "opml_checkpoint_age_seconds": max(0.0, now - saved_at),
+                "opml_model_owner": float(rt.owner),
             }
             for metric, value in values.items():
                 if value is not None:  # no value yet (e.g. no triplet so far): no sample

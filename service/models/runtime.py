@@ -9,6 +9,14 @@ batch, and each answer's ``version`` is the seq of the last sample applied to th
 Start-up: the latest checkpoint (or a fresh learner) plus a replay of the log tail. Because the
 RNG state is part of the checkpoint and the log is the order of application, the result equals
 applying every logged sample exactly once, in order.
+
+Several processes on one Redis: each process keeps a runtime for every model and applies the
+log into its own learner, but only the holder of the model's lease (:meth:`claim`) writes
+checkpoints (and trims the log), each with its fencing token. A non-owner is a read replica: it
+follows the log (woken by its own appends, else every ``OPML_POLL_INTERVAL_S``), and when it
+finds the owner's checkpoint past its own position (the log behind it being trimmed) it loads
+that checkpoint and continues from there. Owner and replica compute the same state, because it
+is a function of the log alone; a replica that takes the lease over just starts checkpointing.
 """
 
 from __future__ import annotations
@@ -36,12 +44,9 @@ from service.storage.codec import (
     encode_vector,
     format_id,
 )
-from service.storage.store import Store
+from service.storage.store import Checkpoint, Fenced, Store
 
 log = logging.getLogger("service.runtime")
-
-#: How often an idle writer looks at the log even without a local notification (seconds).
-IDLE_POLL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class ModelRuntime:
         created_at: float,
         store: Store,
         settings: Settings,
+        owner_id: str,
     ) -> None:
         self.name = name
         self.config = config
@@ -129,6 +135,17 @@ class ModelRuntime:
         self._dirty_since: float | None = None
         self._ckpt_applied: StreamId | None = None
         self._replaying = False  # applying the log tail found at start-up
+        self.owner_id = owner_id
+        #: Our fencing token while we hold the model's lease; None: we are a read replica.
+        self.fencing_token: int | None = None
+        self._lease_ok_at = 0.0  # monotonic start of the last successful claim
+        #: Monotonic time of the latest log read that reached the end of the log.
+        self.synced_at: float | None = None
+
+    @property
+    def owner(self) -> bool:
+        """True while this process holds the model's lease (it alone writes checkpoints)."""
+        return self.fencing_token is not None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -137,8 +154,22 @@ class ModelRuntime:
         self._replaying = True
         ckpt = await self.store.read_checkpoint(self.name)
         self.logged_seq = await self.store.logged_seq(self.name)
+        if ckpt is not None:
+            self._restore(ckpt)
+
+    async def _catch_up_to_checkpoint(self) -> None:
+        """Another writer checkpointed past our position (and trimmed the log behind it):
+        continue from its checkpoint, which is the state we would have reached."""
+        ckpt = await self.store.read_checkpoint(self.name)
         if ckpt is None:
             return
+        before = self.learner.counts
+        self._restore(ckpt)
+        for outcome, n in self.learner.counts.items():
+            if n > before.get(outcome, 0):  # keep opml_steps_total summing to the version
+                telemetry.STEPS.labels(self.name, outcome).inc(n - before.get(outcome, 0))
+
+    def _restore(self, ckpt: Checkpoint) -> None:
         meta = ckpt.meta
         d = self.config.dim
         classes = meta["learner"]["classes"]
@@ -153,6 +184,8 @@ class ModelRuntime:
         self.checkpoint = CheckpointInfo(int(meta["seq"]), float(meta["time"]))
         applied = (int(meta["applied"][0]), int(meta["applied"][1]))
         self._ckpt_applied = applied
+        self._since_checkpoint = 0
+        self._dirty_since = None
         self._publish(applied)
 
     def start(self) -> None:
@@ -160,19 +193,60 @@ class ModelRuntime:
         self._task = asyncio.create_task(self._run(), name=f"writer:{self.name}")
 
     async def stop(self, *, checkpoint: bool) -> None:
-        """Let the writer finish its batch, then (optionally) write a final checkpoint."""
+        """Let the writer finish its batch, then (optionally, if we own the model) write a
+        final checkpoint and hand the lease back, so another process takes over at once."""
         self._stopping = True
         self._kick.set()
         if self._task is not None:
             await self._task
         self._closed = True
         self._changed.set()
-        if checkpoint and self.snapshot.applied != self._ckpt_applied:
-            try:
+        if not checkpoint or self.fencing_token is None:
+            return
+        try:
+            if self.snapshot.applied != self._ckpt_applied:
                 await self._write_checkpoint()
-            except RedisError as exc:
-                telemetry.REDIS_ERRORS.labels("writer").inc()
-                log.warning("%s: final checkpoint failed (%s); the log keeps it", self.name, exc)
+            if self.fencing_token is not None:
+                await self.store.release_lease(self.name, self.owner_id, self.fencing_token)
+        except RedisError as exc:
+            telemetry.REDIS_ERRORS.labels("writer").inc()
+            log.warning("%s: final checkpoint failed (%s); the log keeps it", self.name, exc)
+
+    # -- the lease -----------------------------------------------------------------------------
+
+    async def claim(self) -> None:
+        """Renew our lease on the model, or take it if it is free (one step of the lease loop).
+
+        A Redis error is raised to the caller; if the lease could not be renewed for longer than
+        its TTL we stop counting on it (Redis fencing would refuse our checkpoints anyway).
+        """
+        ttl = self.settings.lease_ttl_s
+        started = time.monotonic()
+        try:
+            ours, token = await self.store.claim_lease(
+                self.name,
+                self.owner_id,
+                int(ttl * 1000),
+                repr(self.created_at),
+                self.fencing_token,
+            )
+        except RedisError:
+            if self.fencing_token is not None and started - self._lease_ok_at > ttl:
+                self._lose_lease("it could not be renewed")
+            raise
+        if not ours:
+            if self.fencing_token is not None:
+                self._lose_lease(f"token {token} was granted to another process")
+            return
+        if self.fencing_token != token:
+            log.info("%s: this process now owns the model (fencing token %s)", self.name, token)
+            self._kick.set()  # a checkpoint may be due
+        self.fencing_token = token
+        self._lease_ok_at = started
+
+    def _lose_lease(self, why: str) -> None:
+        log.warning("%s: lease lost (%s); following the log read-only", self.name, why)
+        self.fencing_token = None
 
     def notify_logged(self, last_seq: int) -> None:
         """An append to this model's log succeeded: wake the writer."""
@@ -185,21 +259,32 @@ class ModelRuntime:
         backoff = 0.1
         while not self._stopping:
             try:
-                entries = await self.store.read_log(
+                read_at = time.monotonic()
+                tail = await self.store.read_tail(
                     self.name, after(self.snapshot.applied), self.settings.batch_max
                 )
+                if tail.checkpoint_applied is not None:
+                    if tail.checkpoint_applied > self.snapshot.applied:
+                        await self._catch_up_to_checkpoint()
+                        continue
+                    if tail.checkpoint_applied[0] > self.checkpoint.seq:  # another's checkpoint
+                        self.checkpoint = CheckpointInfo(
+                            tail.checkpoint_applied[0], tail.checkpoint_time
+                        )
+                entries = tail.entries
                 if entries:
                     await self._apply(entries)
                 if len(entries) < self.settings.batch_max:
                     self.caught_up.set()
                     self._replaying = False
-                if self._checkpoint_due():
+                    self.synced_at = read_at
+                if self.fencing_token is not None and self._checkpoint_due():
                     await self._write_checkpoint()
                 backoff = 0.1
                 if not entries:
                     self._kick.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._kick.wait(), IDLE_POLL_S)
+                        await asyncio.wait_for(self._kick.wait(), self.settings.poll_interval_s)
             except RedisError as exc:
                 telemetry.REDIS_ERRORS.labels("writer").inc()
                 log.warning("%s: Redis error in the writer (%s); retrying", self.name, exc)
@@ -286,7 +371,11 @@ class ModelRuntime:
         )
 
     async def _write_checkpoint(self) -> None:
-        """Checkpoint the learner as of the current snapshot and trim the log behind it."""
+        """Checkpoint the learner as of the current snapshot and trim the log behind it
+        (owner only: Redis refuses it if our fencing token is no longer the latest)."""
+        token = self.fencing_token
+        if token is None:
+            return
         started = time.perf_counter()
         applied = self.snapshot.applied
         arrays, learner_meta = self.learner.to_state()
@@ -303,14 +392,22 @@ class ModelRuntime:
             (label, encode_vector(row))
             for label, row in zip(learner_meta["classes"], arrays["buffer"], strict=True)
         ]
-        written = await self.store.write_checkpoint(
-            self.name,
-            meta,
-            encode_vector(arrays["L"]),
-            encode_vector(arrays["calibration"]),
-            buffer,
-            trim_min_id=after(applied),
-        )
+        try:
+            written = await self.store.write_checkpoint(
+                self.name,
+                meta,
+                encode_vector(arrays["L"]),
+                encode_vector(arrays["calibration"]),
+                buffer,
+                trim_min_id=after(applied),
+                fencing_token=token,
+                applied=format_id(applied),
+                time=now,
+            )
+        except Fenced:
+            telemetry.CHECKPOINTS_FENCED.labels(self.name).inc()
+            self._lose_lease(f"Redis refused a checkpoint with the stale fencing token {token}")
+            return
         if not written:
             return
         self._ckpt_applied = applied

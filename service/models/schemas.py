@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_LABEL_CHARS = 128
@@ -19,7 +27,8 @@ Label = Annotated[
     StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=MAX_LABEL_CHARS)],
     Field(examples=["alice", 3]),
 ]
-Vector = Annotated[list[float], Field(min_length=1, examples=[[0.1, 0.2, 0.3]])]
+#: Numbers only: strict, so ``"2"`` and ``true`` are refused rather than coerced (ints are fine).
+Vector = Annotated[list[StrictFloat], Field(min_length=1, examples=[[0.1, 0.2, 0.3]])]
 Matrix = Annotated[list[Vector], Field(min_length=1)]
 
 
@@ -97,6 +106,17 @@ class ModelOut(BaseModel):
     metric_puts: int = Field(description="PUT metric replacements applied.")
     checkpoint: CheckpointOut
     created_at: float
+    owner: bool = Field(
+        description="True if this process holds the model's lease (applies the log and writes "
+        "checkpoints); false: it answers from a read replica that follows the log."
+    )
+    fencing_token: int | None = Field(
+        description="The lease's fencing token while this process owns the model, else null."
+    )
+    staleness_s: float | None = Field(
+        description="Seconds since this process last read up to the end of the model's log: "
+        "its answers include every sample acknowledged before then (null: not yet)."
+    )
 
 
 class ModelList(BaseModel):

@@ -1,7 +1,9 @@
 """The models of this service process: registry, loading, and the operations routes call.
 
-The service is the only writer of its models (one :class:`ModelRuntime` per model); run one
-service process per Redis keyspace.
+Every process on a Redis keyspace keeps one :class:`ModelRuntime` per model. A lease loop (every
+``OPML_LEASE_TTL_S / 3``) renews or takes each model's lease, so exactly one process owns (and
+checkpoints) each model while the others follow its log as read replicas; the same loop syncs
+the registry, so a model created or deleted through another process appears or goes here too.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import secrets
+import socket
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -52,13 +57,17 @@ class ModelService:
         self.runtimes: dict[str, ModelRuntime] = {}
         self.loaded = asyncio.Event()
         self._loader: asyncio.Task[None] | None = None
+        self._leases: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # create / delete / load
+        #: This process in lease values (``<token> <owner id>``): host, pid and a random tag.
+        self.owner_id = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
         """Load every model in the background (retrying while Redis is unreachable)."""
         self._loader = asyncio.create_task(self._load_all(), name="load-models")
+        self._leases = asyncio.create_task(self._keep_leases(), name="leases")
 
     async def _load_all(self) -> None:
         delay = 0.1
@@ -84,8 +93,7 @@ class ModelService:
 
     async def _load(self, name: str) -> None:
         meta = await self.store.model_meta(name)
-        if meta is None:  # a create that died between its two steps
-            await self.store.forget_name(name)
+        if meta is None:  # being created (or a create that died): not a model (yet)
             return
         runtime = ModelRuntime(
             name,
@@ -93,17 +101,47 @@ class ModelService:
             float(meta.get("created_at", 0.0)),
             self.store,
             self.settings,
+            self.owner_id,
         )
         await runtime.load()
+        await runtime.claim()
         runtime.start()
         self.runtimes[name] = runtime
 
+    async def _keep_leases(self) -> None:
+        """Renew/take every model's lease and follow creates and deletes of other processes."""
+        await self.loaded.wait()
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl_s / 3)
+            try:
+                async with self._lock:
+                    await self._sync_registry()
+                for runtime in list(self.runtimes.values()):
+                    await runtime.claim()
+            except RedisError as exc:
+                telemetry.REDIS_ERRORS.labels("loader").inc()
+                log.warning("renewing leases: Redis unavailable (%s); retrying", exc)
+
+    async def _sync_registry(self) -> None:
+        names = await self.store.model_names()
+        stamps = await self.store.created_stamps(sorted(set(names) | set(self.runtimes)))
+        for name, runtime in list(self.runtimes.items()):
+            if stamps.get(name) != repr(runtime.created_at):  # deleted (maybe re-created)
+                log.info("%s: deleted by another process", name)
+                await runtime.stop(checkpoint=False)
+                del self.runtimes[name]
+                telemetry.forget_model(name)
+        for name in names:
+            if name not in self.runtimes and stamps.get(name) is not None:
+                await self._load(name)
+
     async def close(self) -> None:
-        """Stop every writer after its batch and write final checkpoints."""
-        if self._loader is not None:
-            self._loader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loader
+        """Stop every writer after its batch, write final checkpoints, release leases."""
+        for task in (self._loader, self._leases):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await asyncio.gather(*(rt.stop(checkpoint=True) for rt in self.runtimes.values()))
 
     # -- registry ------------------------------------------------------------------------------
@@ -146,7 +184,9 @@ class ModelService:
             created_at = time.time()
             if not await self.store.create_model(body.name, asdict(config), created_at):
                 raise Conflict(f"model {body.name!r} already exists")
-            runtime = ModelRuntime(body.name, config, created_at, self.store, s)
+            runtime = ModelRuntime(body.name, config, created_at, self.store, s, self.owner_id)
+            with contextlib.suppress(RedisError):  # else the lease loop takes it shortly
+                await runtime.claim()
             runtime.start()
             self.runtimes[body.name] = runtime
             return runtime
@@ -325,6 +365,11 @@ def model_body(runtime: ModelRuntime) -> dict[str, Any]:
             "age_s": None if ckpt.at is None else max(0.0, time.time() - ckpt.at),
         },
         "created_at": runtime.created_at,
+        "owner": runtime.owner,
+        "fencing_token": runtime.fencing_token,
+        "staleness_s": None
+        if runtime.synced_at is None
+        else max(0.0, time.monotonic() - runtime.synced_at),
     }
 
 

@@ -3,8 +3,12 @@
 Writes that must be atomic are Lua scripts (run with EVALSHA; redis-py reloads them after a
 server restart): appending a request's samples together with its seqs and its idempotency
 record; appending a metric replacement; writing a checkpoint together with the buffer H and
-trimming the log behind it. Every script first checks that the model still exists, so a write
-racing a DELETE never resurrects keys.
+trimming the log behind it; taking, renewing and releasing a model's writer lease. Every script
+first checks that the model still exists, so a write racing a DELETE never resurrects keys.
+
+Fencing: a lease grant takes a new token from ``INCR <fence>``; the checkpoint script refuses a
+write whose token is not the latest granted, inside Redis, so a process that was paused past its
+lease (GC, SIGSTOP, a VM migration) and resumes can never overwrite a newer owner's checkpoint.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any, cast
+from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Redis
 from redis.backoff import NoBackoff
@@ -80,15 +85,42 @@ redis.call('XADD', KEYS[2], id, 'L', ARGV[1])
 return {1, id}
 """
 
-# KEYS: meta, ckpt, buffer, log; ARGV: meta json, L, calibration, trim min id, class1, vec1, ...
+# KEYS: meta, ckpt, buffer, log, fence
+# ARGV: meta json, L, calibration, trim min id, fencing token, applied id, time, class1, vec1, ...
+# -> 1 written | 0 no model | -1 fenced (a newer token was granted: this writer lost its lease)
 _CHECKPOINT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('GET', KEYS[5]) ~= ARGV[5] then return -1 end
 redis.call('DEL', KEYS[3])
-for i = 5, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
 redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'meta', ARGV[1], 'L', ARGV[2], 'calibration', ARGV[3])
+redis.call('HSET', KEYS[2], 'meta', ARGV[1], 'L', ARGV[2], 'calibration', ARGV[3],
+           'applied', ARGV[6], 'time', ARGV[7])
 redis.call('XTRIM', KEYS[4], 'MINID', ARGV[4])
 return 1
+"""
+
+# KEYS: lease, fence, meta; ARGV: owner id, ttl ms, created_at, held token ('' = none)
+# -> {0} no such model (or another incarnation) | {1, token} held by us | {2, token} by another
+_CLAIM = """
+if redis.call('HGET', KEYS[3], 'created_at') ~= ARGV[3] then return {0} end
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  if ARGV[4] ~= '' and cur == ARGV[4] .. ' ' .. ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return {1, tonumber(ARGV[4])}
+  end
+  return {2, tonumber(string.match(cur, '^(%d+)'))}
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
+return {1, token}
+"""
+
+# KEYS: lease; ARGV: "<token> <owner id>" -> 1 released | 0 not ours
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 
@@ -100,6 +132,19 @@ class Appended:
     last_seq: int
     replayed: bool = False
     fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class Tail:
+    """One consistent read of a model's log tail and of where its latest checkpoint stands."""
+
+    entries: list[tuple[StreamId, dict[bytes, bytes]]]
+    checkpoint_applied: StreamId | None
+    checkpoint_time: float | None
+
+
+class Fenced(Exception):
+    """A checkpoint was refused: a newer fencing token was granted to another writer."""
 
 
 class NoSuchModel(Exception):
@@ -124,8 +169,26 @@ class Checkpoint:
     buffer: dict[str, bytes]
 
 
+def redacted_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs).
+
+    >>> redacted_url("redis://:pw@localhost:6379/0")
+    'redis://:***@localhost:6379/0'
+    """
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
 def connect(url: str, timeout_s: float) -> Redis:
-    """A client whose every call is bounded by ``timeout_s``; one quick retry (stale socket)."""
+    """A client whose every call is bounded by ``timeout_s``; one quick retry (stale socket).
+
+    Credentials and TLS come with the URL: ``redis://user:password@host:6379/0``, or
+    ``rediss://...`` for TLS (query options such as ``ssl_cert_reqs``, ``ssl_ca_certs``).
+    """
     client: Redis = Redis.from_url(
         url,
         socket_timeout=timeout_s,
@@ -145,6 +208,8 @@ class Store:
         self._append = client.register_script(_APPEND)
         self._append_metric = client.register_script(_APPEND_METRIC)
         self._checkpoint = client.register_script(_CHECKPOINT)
+        self._claim = client.register_script(_CLAIM)
+        self._release = client.register_script(_RELEASE)
 
     async def ping(self) -> None:
         await self.client.ping()
@@ -170,8 +235,13 @@ class Store:
         raw = cast(dict[bytes, bytes], await self.client.hgetall(ModelKeys(name).meta))
         return {k.decode(): v.decode() for k, v in raw.items()} if raw else None
 
-    async def forget_name(self, name: str) -> None:
-        await self.client.srem(REGISTRY, name)
+    async def created_stamps(self, names: list[str]) -> dict[str, str | None]:
+        """Each model's ``created_at`` as stored (None: gone); tells incarnations apart."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hget(ModelKeys(name).meta, "created_at")
+            stamps = await pipe.execute()
+        return {n: None if s is None else s.decode() for n, s in zip(names, stamps, strict=True)}
 
     async def delete_model(self, name: str) -> None:
         """Remove every key of the model, then its registry entry."""
@@ -221,15 +291,19 @@ class Store:
             raise NoSuchModel(name)
         return parse_id(out[1])
 
-    async def read_log(
-        self, name: str, after: str, count: int
-    ) -> list[tuple[StreamId, dict[bytes, bytes]]]:
-        """Up to ``count`` entries with ids >= ``after`` (pass the id after the last one read)."""
-        entries = cast(
-            list[tuple[bytes, dict[bytes, bytes]]],
-            await self.client.xrange(ModelKeys(name).log, min=after, count=count),
+    async def read_tail(self, name: str, after: str, count: int) -> Tail:
+        """Up to ``count`` entries with ids >= ``after``, and the checkpoint's position, read
+        in one transaction: if the checkpoint is past ``after`` the log before it is trimmed."""
+        keys = ModelKeys(name)
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.hmget(keys.checkpoint, ["applied", "time"])
+            pipe.xrange(keys.log, min=after, count=count)
+            (applied, at), entries = await pipe.execute()
+        return Tail(
+            entries=[(parse_id(entry_id), fields) for entry_id, fields in entries],
+            checkpoint_applied=None if applied is None else parse_id(applied),
+            checkpoint_time=None if at is None else float(at),
         )
-        return [(parse_id(entry_id), fields) for entry_id, fields in entries]
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -241,16 +315,50 @@ class Store:
         calibration: bytes,
         buffer: list[tuple[str, bytes]],
         trim_min_id: str,
+        *,
+        fencing_token: int,
+        applied: str,
+        time: float,
     ) -> bool:
-        """Replace the checkpoint and H, and trim the log before ``trim_min_id``, atomically."""
+        """Replace the checkpoint and H, and trim the log before ``trim_min_id``, atomically;
+        False if the model is gone, :class:`Fenced` if ``fencing_token`` is not the latest."""
         keys = ModelKeys(name)
-        args: list[Any] = [json.dumps(meta), L, calibration, trim_min_id]
+        args: list[Any] = [
+            json.dumps(meta), L, calibration, trim_min_id, fencing_token, applied, repr(time)
+        ]  # fmt: skip
         for label, row in buffer:
             args += [label, row]
-        done = await self._checkpoint(
-            keys=[keys.meta, keys.checkpoint, keys.buffer, keys.log], args=args
+        done = int(
+            await self._checkpoint(
+                keys=[keys.meta, keys.checkpoint, keys.buffer, keys.log, keys.fence], args=args
+            )
         )
-        return bool(done)
+        if done == -1:
+            raise Fenced(name)
+        return done == 1
+
+    # -- leases ----------------------------------------------------------------------------------
+
+    async def claim_lease(
+        self, name: str, owner: str, ttl_ms: int, created_at: str, held: int | None
+    ) -> tuple[bool, int | None]:
+        """Renew our lease (``held`` = its token) or take a free one.
+
+        Returns (ours, token): (True, our token), (False, the holder's token) or (False, None)
+        when the model is gone or is another incarnation (``created_at`` differs).
+        """
+        keys = ModelKeys(name)
+        out = await self._claim(
+            keys=[keys.lease, keys.fence, keys.meta],
+            args=[owner, ttl_ms, created_at, "" if held is None else str(held)],
+        )
+        code = int(out[0])
+        if code == 0:
+            return False, None
+        return code == 1, int(out[1])
+
+    async def release_lease(self, name: str, owner: str, token: int) -> bool:
+        return bool(await self._release(keys=[ModelKeys(name).lease], args=[f"{token} {owner}"]))
 
     async def read_checkpoint(self, name: str) -> Checkpoint | None:
         keys = ModelKeys(name)

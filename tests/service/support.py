@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,24 +40,29 @@ SHARED_ENV = {
 
 
 class RedisServer:
-    """A redis-server child process (AOF, appendfsync always) on a fixed port and dir."""
+    """A redis-server child process (AOF, appendfsync always) on a fixed port and dir;
+    with ``password``, started with ``--requirepass`` (the URL carries it)."""
 
-    def __init__(self, data_dir: Path, port: int | None = None) -> None:
+    def __init__(self, data_dir: Path, port: int | None = None, password: str = "") -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
+        self.password = password
         self.proc: subprocess.Popen[bytes] | None = None
         data_dir.mkdir(parents=True, exist_ok=True)
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
         cmd = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", "always",
                "--save", "", "--logfile", "redis.log"]  # fmt: skip
+        if self.password:
+            cmd += ["--requirepass", self.password]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis(port=self.port)
+        client = redis.Redis(port=self.port, password=self.password or None)
         deadline = time.monotonic() + 20
         while True:
             try:
@@ -75,6 +81,31 @@ class RedisServer:
             self.proc.wait(20)
             self.proc = None
 
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, only what the AOF (appendfsync always) already holds."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(20)
+        self.proc = None
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (``VmRSS`` of ``/proc/<pid>/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def settled(client: httpx.Client, name: str) -> dict[str, Any]:
+    """The model body and metric once every logged sample is applied (for before/after)."""
+    logged = client.get(f"/v1/models/{name}").json()["logged_seq"]
+    metric = client.get(f"/v1/models/{name}/metric", params={"min_version": logged}).json()
+    model = client.get(f"/v1/models/{name}").json()
+    for timing in ("checkpoint", "staleness_s"):  # ages change by themselves
+        model.pop(timing)
+    return {"model": model, "metric": metric}
+
 
 class ServiceProcess:
     """``python -m service`` as a subprocess on a free port; waits for ``/readyz``."""
@@ -83,6 +114,7 @@ class ServiceProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.ws_url = f"ws://127.0.0.1:{self.port}"
+        tmp.mkdir(parents=True, exist_ok=True)
         self.data_dir = tmp / "data"
         self.log_path = tmp / f"service-{self.port}.log"
         self.env = {
@@ -245,3 +277,25 @@ def series(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
     """The samples of ``name`` whose labels include ``labels``."""
     want = set(labels.items())
     return {lab: v for (n, lab), v in samples.items() if n == name and want <= lab}
+
+
+def raw_request(port: int, head: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
+    """Send ``head`` (request line + headers, no blank line) and ``body`` over a plain socket,
+    whatever its Content-Length claims (httpx refuses to lie); return the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head.encode() + b"\r\n\r\n" + body)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        header_blob, _, rest = data.partition(b"\r\n\r\n")
+        status_line, *lines = header_blob.decode("latin-1").split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, v in (h.split(":", 1) for h in lines)}
+        while len(rest) < int(headers.get("content-length", 0)):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+    return int(status_line.split()[1]), headers, rest

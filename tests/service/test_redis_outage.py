@@ -1,4 +1,5 @@
-"""Redis stopped and restarted under traffic: quick 503s while down, recovery without restart."""
+"""Redis stopped or killed (-9) and restarted from its AOF under traffic: quick 503s with
+Retry-After while down, recovery without a service restart, nothing acknowledged lost."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 
 from tests.service.support import (
     RedisServer,
@@ -17,8 +19,17 @@ from tests.service.support import (
     stream,
 )
 
+#: (how Redis goes down, samples acknowledged before): SIGTERM once, SIGKILL at seeded random
+#: points (with appendfsync always, every acknowledged append is in the AOF).
+OUTAGES = [("stop", 100)] + [
+    ("kill", int(k)) for k in np.random.default_rng(7).choice(np.arange(5, 150), 2, replace=False)
+]
 
-def test_redis_outage_gives_503_and_the_service_recovers(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize(("how", "before"), OUTAGES)
+def test_redis_outage_gives_503_and_the_service_recovers(
+    tmp_path: Path, how: str, before: int
+) -> None:
     server = RedisServer(tmp_path / "redis").start()
     svc = ServiceProcess(tmp_path, server.url, OPML_REDIS_TIMEOUT_S="1").start()
     X, y = stream(300, 3, 3, seed=5)
@@ -34,30 +45,31 @@ def test_redis_outage_gives_503_and_the_service_recovers(tmp_path: Path) -> None
     try:
         with svc.client() as api:
             make_model(api, "m", 3, gamma=0.05)
-            for i in range(100):
+            for i in range(before):
                 assert send(api, i).status_code == 202
-            server.stop()
-            down = [send(api, i) for i in range(100, 110)]
+            api.get("/v1/models/m/metric", params={"min_version": before})  # all applied
+            server.stop() if how == "stop" else server.kill()
+            down = [send(api, i) for i in range(before, before + 10)]
             for response in down:
                 assert_problem(response, 503)
                 assert int(response.headers["Retry-After"]) >= 1
             assert_problem(api.get("/readyz"), 503)
             assert api.get("/livez").status_code == 200
             # queries read the in-memory snapshot: still answered while Redis is down
-            assert api.get("/v1/models/m/metric").json()["version"] == 100
+            assert api.get("/v1/models/m/metric").json()["version"] == before
 
             server.start()  # same port, same dir: the AOF brings the log back
             deadline = time.monotonic() + 30
-            i = 110
-            while len(accepted) < 100 + 50:
+            i = before + 10
+            while len(accepted) < before + 50:
                 assert time.monotonic() < deadline, "no recovery"
                 status = send(api, i).status_code
                 assert status in (202, 503)
                 i += 1
             assert api.get("/readyz").status_code == 200
-            got = api.get("/v1/models/m/metric", params={"min_version": 150}).json()
+            got = api.get("/v1/models/m/metric", params={"min_version": before + 50}).json()
         ref = core_learner(X[accepted], [y[i] for i in accepted], dim=3, gamma=0.05)
-        assert got["version"] == 150
+        assert got["version"] == before + 50
         np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
     finally:
         if svc.proc is not None:

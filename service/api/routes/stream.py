@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from service import telemetry
+from service.api.auth import accept_subprotocol
 from service.api.deps import WsModelsDep
 from service.errors import InvalidInput, NotFound, ServiceError, from_redis, validation_errors
 from service.models.runtime import ModelClosed, ModelRuntime
@@ -46,7 +47,7 @@ def _frame_id(raw: Any) -> Any:
 
 
 async def _open(websocket: WebSocket, models: ModelService, name: str) -> ModelRuntime | None:
-    await websocket.accept()
+    await websocket.accept(subprotocol=accept_subprotocol(websocket.scope))
     try:
         if not re.fullmatch(NAME_PATTERN, name):
             raise InvalidInput(f"name: must match {NAME_PATTERN}")
@@ -63,19 +64,29 @@ async def stream_samples(websocket: WebSocket, name: str, models: WsModelsDep) -
     if await _open(websocket, models, name) is None:
         return
     window: asyncio.Queue[_Pending | None] = asyncio.Queue(models.settings.ws_window)
-    sender = asyncio.create_task(_send_acks(websocket, models, name, window))
+    # Either side ending ends both: a client that stops reading acks and then vanishes leaves
+    # the reader blocked on a full window, and only the sender's failed send notices.
+    tasks = [
+        asyncio.create_task(_read_frames(websocket, window)),
+        asyncio.create_task(_send_acks(websocket, models, name, window)),
+    ]
     telemetry.WS_CONNECTIONS.labels("stream").inc()
     try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        telemetry.WS_CONNECTIONS.labels("stream").dec()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+async def _read_frames(websocket: WebSocket, window: asyncio.Queue[_Pending | None]) -> None:
+    with contextlib.suppress(WebSocketDisconnect):
         while True:
             text = await websocket.receive_text()
             await window.put((time.perf_counter(), *_parse(text)))
-    except WebSocketDisconnect:
-        pass
-    finally:
-        telemetry.WS_CONNECTIONS.labels("stream").dec()
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await sender
 
 
 def _parse(text: str) -> tuple[Any, StreamFrame | ServiceError]:
@@ -83,6 +94,8 @@ def _parse(text: str) -> tuple[Any, StreamFrame | ServiceError]:
         raw = json.loads(text)
     except ValueError as exc:
         return None, InvalidInput(f"frame is not JSON ({exc})")
+    except RecursionError:
+        return None, InvalidInput("frame is nested too deeply to parse")
     try:
         return raw["id"], StreamFrame.model_validate(raw)
     except ValidationError as exc:

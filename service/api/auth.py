@@ -1,0 +1,172 @@
+"""Who may call what: the scope each route needs, checked before a body is read.
+
+One table (:data:`ROUTE_SCOPES`, by method and path template) says which scope each route
+needs; :class:`Authenticate` (ASGI middleware) checks the caller's key *before* routing, so no
+route reads a body for an unauthenticated client (it cannot make the service parse a 32 MiB
+body). A ``/v1/`` request missing from the table needs ``admin`` (fail closed); paths outside
+``/v1/`` (probes, metrics, docs) are open.
+
+Where the key comes from:
+
+* ``Authorization: Bearer <key>`` on HTTP and on the WebSocket handshake;
+* for browsers, which cannot set headers on a WebSocket: the subprotocol list,
+  ``new WebSocket(url, ["opml", "opml.bearer." + key])``; the service then accepts with the
+  subprotocol ``opml`` (it never echoes the key). A ``?access_token=`` query parameter was not
+  chosen: query strings end up in access logs, proxy logs and browser history.
+
+A refused WebSocket handshake gets an HTTP 401/403 problem+json answer (the ASGI WebSocket
+denial response), not an accepted-then-closed socket.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from service.errors import Forbidden, ServiceError, Unauthorized, problem_response
+from service.security import KeyRing
+from service.security import Scope as KeyScope
+
+#: The scope each route needs when keys are configured: (method, path template) -> scope;
+#: ``WS`` marks the WebSocket routes.
+ROUTE_SCOPES: dict[tuple[str, str], KeyScope] = {
+    ("POST", "/v1/models"): KeyScope.ADMIN,
+    ("DELETE", "/v1/models/{name}"): KeyScope.ADMIN,
+    ("PUT", "/v1/models/{name}/metric"): KeyScope.ADMIN,
+    ("POST", "/v1/models/{name}/samples"): KeyScope.INGEST,
+    ("WS", "/v1/models/{name}/stream"): KeyScope.INGEST,
+    ("GET", "/v1/models"): KeyScope.QUERY,
+    ("GET", "/v1/models/{name}"): KeyScope.QUERY,
+    ("GET", "/v1/models/{name}/metric"): KeyScope.QUERY,
+    ("POST", "/v1/models/{name}/distance"): KeyScope.QUERY,
+    ("POST", "/v1/models/{name}/verify"): KeyScope.QUERY,
+    ("POST", "/v1/models/{name}/transform"): KeyScope.QUERY,
+    ("WS", "/v1/models/{name}/events"): KeyScope.QUERY,
+}
+#: Everything outside it is open: ``/livez``, ``/readyz``, ``/metrics``, ``/docs``,
+#: ``/redoc``, ``/openapi.json`` (and unknown paths, which are 404 anyway).
+API_PREFIX = "/v1/"
+
+_PATTERNS = [
+    (method, re.compile("^" + re.sub(r"\{\w+\}", "[^/]+", template) + "$"), scope)
+    for (method, template), scope in ROUTE_SCOPES.items()
+]
+
+
+def required_scope(method: str, path: str) -> KeyScope | None:
+    """The scope a request needs (``method`` ``WS`` for a WebSocket); None: open.
+
+    >>> required_scope("DELETE", "/v1/models/faces"), required_scope("GET", "/metrics")
+    (<Scope.ADMIN: 'admin'>, None)
+    >>> required_scope("PATCH", "/v1/models/faces")  # not in the table: fail closed
+    <Scope.ADMIN: 'admin'>
+    """
+    for m, pattern, scope in _PATTERNS:
+        if m == method and pattern.match(path):
+            return scope
+    return KeyScope.ADMIN if path.startswith(API_PREFIX) else None
+
+
+#: The WebSocket subprotocol a browser offers next to ``opml.bearer.<key>``.
+SUBPROTOCOL = "opml"
+_BEARER_PROTOCOL = "opml.bearer."
+REALM = 'Bearer realm="opml"'
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def presented_key(scope: Scope) -> str | None:
+    """The key of a request: the Bearer header, or (WebSocket) the ``opml.bearer.`` protocol."""
+    authorization = _header(scope, b"authorization")
+    if authorization is not None:
+        kind, _, key = authorization.strip().partition(" ")
+        if kind.lower() == "bearer" and key.strip():
+            return key.strip()
+    if scope["type"] == "websocket":
+        for protocol in scope.get("subprotocols", []):
+            if protocol.startswith(_BEARER_PROTOCOL) and len(protocol) > len(_BEARER_PROTOCOL):
+                return str(protocol[len(_BEARER_PROTOCOL) :])
+    return None
+
+
+def accept_subprotocol(scope: Scope) -> str | None:
+    """The subprotocol to accept a WebSocket with: ``opml`` if the client offered it."""
+    return SUBPROTOCOL if SUBPROTOCOL in scope.get("subprotocols", []) else None
+
+
+def check(keys: KeyRing, key: str | None, needed: KeyScope) -> ServiceError | None:
+    """None if ``key`` may use a route needing ``needed``; else the 401/403 to answer."""
+    if key is None:
+        return Unauthorized(
+            "an API key is required: send 'Authorization: Bearer <key>'", challenge=REALM
+        )
+    scopes = keys.scopes_of(key)
+    if scopes is None:
+        return Unauthorized("the API key is not valid", challenge=f'{REALM}, error="invalid_token"')
+    if needed not in scopes:
+        return Forbidden(
+            f"this API key lacks the '{needed}' scope this route needs",
+            challenge=f'{REALM}, error="insufficient_scope", scope="{needed}"',
+            required_scope=needed.value,
+        )
+    return None
+
+
+class Authenticate:
+    """ASGI middleware: route -> needed scope -> 401/403 before the route runs."""
+
+    def __init__(self, app: ASGIApp, keys: KeyRing) -> None:
+        self.app = app
+        self.keys = keys
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket") or not self.keys.enabled:
+            await self.app(scope, receive, send)
+            return
+        method = "WS" if scope["type"] == "websocket" else scope["method"]
+        needed = required_scope(method, scope["path"])
+        error = None if needed is None else check(self.keys, presented_key(scope), needed)
+        if error is None:
+            await self.app(scope, receive, send)
+            return
+        # On a WebSocket scope Starlette sends this as the handshake's HTTP denial response.
+        await problem_response(error)(scope, receive, send)
+
+
+def document(app: FastAPI) -> None:
+    """Add the Bearer scheme and each operation's scope (``x-required-scope``) to OpenAPI."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generate()
+        schema.setdefault("components", {})["securitySchemes"] = {
+            "apiKey": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "An API key (OPML_API_KEYS); scopes: query, ingest, admin "
+                "(admin includes the others). Needed only when keys are configured.",
+            }
+        }
+        for path, operations in schema.get("paths", {}).items():
+            for method, operation in operations.items():
+                needed = required_scope(method.upper(), path)
+                if needed is not None:
+                    operation["security"] = [{"apiKey": []}]
+                    operation["x-required-scope"] = needed.value
+                    responses = operation.setdefault("responses", {})
+                    responses.setdefault("401", {"description": "No or unknown API key."})
+                    responses.setdefault("403", {"description": f"Key lacks '{needed}'."})
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
