@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+import struct
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -317,11 +318,59 @@ def ws_url(base_url: str, path: str, params: dict[str, Any] | None = None) -> st
 
 @dataclass
 class Frame:
-    """A client frame as sent: its id, its JSON text and how many samples it carries."""
+    """A client frame as sent: its id, its JSON text (or binary message) and how many samples
+    it carries."""
 
     id: FrameId
-    text: str
+    text: str | bytes
     size: int
+
+
+#: Handshake response header by which a service says which ``/stream`` frame encodings it reads.
+FRAMES_HEADER = "x-opml-frames"
+_HEADER_LEN = struct.Struct("<I")
+
+
+def frames_header(ws: Any) -> str | None:
+    """The ``x-opml-frames`` handshake header of a connected WebSocket (None: absent)."""
+    response = getattr(ws, "response", None)
+    value = None if response is None else response.headers.get(FRAMES_HEADER)
+    return None if value is None else str(value)
+
+
+def binary_frame(frame_id: FrameId, X: Array, y: list[Label]) -> bytes:
+    """A binary ``/stream`` frame: ``uint32 LE header length | JSON {"id", "y"} | X`` as
+    little-endian float64, row-major (one row per label).
+
+    >>> data = binary_frame(7, np.array([[1.0, 2.0]]), ["a"])
+    >>> int.from_bytes(data[:4], "little"), data[4:22], len(data)
+    (18, b'{"id":7,"y":["a"]}', 38)
+    """
+    header = json.dumps({"id": frame_id, "y": y}, separators=(",", ":")).encode()
+    block = np.ascontiguousarray(X, dtype="<f8").tobytes()
+    return _HEADER_LEN.pack(len(header)) + header + block
+
+
+def json_frame(data: bytes) -> str:
+    """The JSON frame carrying the same samples as binary frame ``data`` (same id, same
+    samples, so the service deduplicates a resend in either encoding)."""
+    (size,) = _HEADER_LEN.unpack_from(data)
+    head = json.loads(data[_HEADER_LEN.size : _HEADER_LEN.size + size])
+    X = np.frombuffer(data[_HEADER_LEN.size + size :], dtype="<f8").reshape(len(head["y"]), -1)
+    doc = {"id": head["id"], "samples": [
+        {"x": x, "y": lab} for x, lab in zip(X.tolist(), head["y"], strict=True)
+    ]}  # fmt: skip
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _finite_matrix(value: Any, name: str) -> Array:
+    arr = _floats(value, name)
+    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise ValueError(f"{name}: expected a non-empty 2-D matrix, got shape {arr.shape}")
+    if not np.isfinite(arr).all():
+        bad = int(np.flatnonzero(~np.isfinite(arr).all(axis=1))[0])
+        raise ValueError(f"{name}: row {bad} contains NaN or Inf")
+    return arr
 
 
 class Window:
@@ -337,6 +386,7 @@ class Window:
         size: int,
         retry: RetryPolicy,
         on_progress: Callable[[Progress], None] | None,
+        binary: bool | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"window: must be >= 1, got {size}")
@@ -348,6 +398,25 @@ class Window:
         self._prefix = uuid.uuid4().hex[:16]
         self._count = 0
         self._failures = 0
+        #: Binary frames: True / False as asked, None: when the service says it reads them.
+        self.binary = binary
+        self._server_binary = False
+
+    def connected(self, frames_header: str | None) -> None:
+        """Note what the service just connected to reads (its ``x-opml-frames`` header)."""
+        offered = {p.strip() for p in (frames_header or "").split(",")}
+        self._server_binary = "binary" in offered
+
+    @property
+    def use_binary(self) -> bool:
+        return self._server_binary if self.binary is None else self.binary
+
+    def payload(self, frame: Frame) -> str | bytes:
+        """What to send for ``frame`` on the current connection (a binary frame made while
+        connected to a service that reads them goes as JSON to one that does not)."""
+        if isinstance(frame.text, bytes) and not self.use_binary:
+            return json_frame(frame.text)
+        return frame.text
 
     @property
     def full(self) -> bool:
@@ -362,6 +431,12 @@ class Window:
             raise ValueError(f"frame_id: an int or a string, got {frame_id!r}")
         if frame_id in self.pending:
             raise ValueError(f"frame_id: {frame_id!r} is already in flight")
+        if self.use_binary:
+            if np.ndim(X) == 1:
+                arr = _finite_matrix([X], "x")
+                return Frame(frame_id, binary_frame(frame_id, arr, [label(y)]), 1)
+            arr = _finite_matrix(X, "X")
+            return Frame(frame_id, binary_frame(frame_id, arr, labels(y, len(arr))), len(arr))
         if np.ndim(X) == 1:
             doc: dict[str, Any] = {"id": frame_id, "x": vector(X, "x"), "y": label(y)}
             size = 1

@@ -77,9 +77,10 @@ class AsyncStream:
         on_progress: Callable[[Progress], None] | None,
         open_timeout: float,
         ack_timeout: float | None,
+        binary: bool | None = None,
     ) -> None:
         self._url = url
-        self._window = _wire.Window(window, retry, on_progress)
+        self._window = _wire.Window(window, retry, on_progress, binary)
         self._open_timeout = open_timeout
         self._ack_timeout = ack_timeout
         self._ws: ClientConnection | None = None
@@ -116,6 +117,7 @@ class AsyncStream:
     async def _attach(self) -> ClientConnection:
         self._scope = contextlib.AsyncExitStack()
         self._ws = await _ws_enter(self._scope, self._url, self._open_timeout)
+        self._window.connected(_wire.frames_header(self._ws))
         return self._ws
 
     async def send(self, X: Any, y: Any, *, frame_id: int | str | None = None) -> int | str:
@@ -124,7 +126,7 @@ class AsyncStream:
         while self._window.full:
             await self._receive()
         self._window.add(frame)
-        await self._transmit(frame.text)
+        await self._transmit(self._window.payload(frame))
         return frame.id
 
     async def flush(self) -> None:
@@ -141,7 +143,7 @@ class AsyncStream:
         await self._scope.aclose()
         self._ws = None
 
-    async def _transmit(self, text: str) -> None:
+    async def _transmit(self, text: str | bytes) -> None:
         assert self._ws is not None, "the stream is not open"
         try:
             await self._ws.send(text)
@@ -158,7 +160,7 @@ class AsyncStream:
         again = self._window.receive(text)
         if again is not None:
             await asyncio.sleep(self._window.next_delay(RuntimeError("frame answered 503")))
-            await self._transmit(again.text)
+            await self._transmit(self._window.payload(again))
 
     async def _reconnect(self, cause: BaseException) -> None:
         """Reopen the connection and resend every unacknowledged frame, in order."""
@@ -176,7 +178,7 @@ class AsyncStream:
             try:
                 fresh = await self._attach()
                 for frame in list(self._window.pending.values()):
-                    await fresh.send(frame.text)
+                    await fresh.send(self._window.payload(frame))
             except WS_TRANSIENT as exc:
                 await self._drop()
                 cause = exc
@@ -308,6 +310,7 @@ class AsyncOPMLClient:
         window: int = 32,
         on_progress: Callable[[Progress], None] | None = None,
         ack_timeout: float | None = 60.0,
+        binary: bool | None = None,
     ) -> AsyncStream:
         """An :class:`AsyncStream` to ``name`` (use it with ``async with``)."""
         return AsyncStream(
@@ -317,6 +320,7 @@ class AsyncOPMLClient:
             on_progress=on_progress,
             open_timeout=self.timeout,
             ack_timeout=ack_timeout,
+            binary=binary,
         )
 
     async def events(self, name: str, *, interval_ms: int | None = None) -> AsyncIterator[Event]:

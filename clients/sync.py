@@ -79,9 +79,10 @@ class Stream:
         on_progress: Callable[[Progress], None] | None,
         open_timeout: float,
         ack_timeout: float | None,
+        binary: bool | None = None,
     ) -> None:
         self._url = url
-        self._window = _wire.Window(window, retry, on_progress)
+        self._window = _wire.Window(window, retry, on_progress, binary)
         self._open_timeout = open_timeout
         self._ack_timeout = ack_timeout
         self._ws: ClientConnection | None = None
@@ -118,6 +119,7 @@ class Stream:
     def _attach(self, ws: ClientConnection) -> ClientConnection:
         self._scope = contextlib.ExitStack()
         self._ws = self._scope.enter_context(ws)
+        self._window.connected(_wire.frames_header(self._ws))
         return self._ws
 
     def send(self, X: Any, y: Any, *, frame_id: int | str | None = None) -> int | str:
@@ -128,7 +130,7 @@ class Stream:
         while self._window.full:
             self._receive(self._ack_timeout)
         self._window.add(frame)
-        self._transmit(frame.text)
+        self._transmit(self._window.payload(frame))
         with contextlib.suppress(TimeoutError):  # collect acks already there, keep progress live
             while self._window.pending:
                 self._receive(0)
@@ -148,7 +150,7 @@ class Stream:
         self._scope.close()
         self._ws = None
 
-    def _transmit(self, text: str) -> None:
+    def _transmit(self, text: str | bytes) -> None:
         assert self._ws is not None, "the stream is not open"
         try:
             self._ws.send(text)
@@ -171,7 +173,7 @@ class Stream:
         again = self._window.receive(text)
         if again is not None:
             time.sleep(self._window.next_delay(RuntimeError("frame answered 503")))
-            self._transmit(again.text)
+            self._transmit(self._window.payload(again))
 
     def _reconnect(self, cause: BaseException) -> None:
         """Reopen the connection and resend every unacknowledged frame, in order."""
@@ -190,7 +192,7 @@ class Stream:
             try:
                 fresh = self._attach(_ws_open(self._url, self._open_timeout))
                 for frame in list(self._window.pending.values()):
-                    fresh.send(frame.text)
+                    fresh.send(self._window.payload(frame))
             except WS_TRANSIENT as exc:
                 self._drop()
                 cause = exc
@@ -337,10 +339,14 @@ class OPMLClient:
         window: int = 32,
         on_progress: Callable[[Progress], None] | None = None,
         ack_timeout: float | None = 60.0,
+        binary: bool | None = None,
     ) -> Stream:
         """A :class:`Stream` to ``name`` (use it as a context manager).
 
         ``ack_timeout``: seconds to wait for an ack before treating the connection as dead.
+        ``binary``: send binary frames (raw float64 block, no JSON number formatting): None
+        (default) when the service says it reads them (``x-opml-frames`` handshake header),
+        True always, False never (JSON frames).
         """
         return Stream(
             _wire.ws_url(self.base_url, f"/v1/models/{name}/stream"),
@@ -349,6 +355,7 @@ class OPMLClient:
             on_progress=on_progress,
             open_timeout=self.timeout,
             ack_timeout=ack_timeout,
+            binary=binary,
         )
 
     def events(self, name: str, *, interval_ms: int | None = None) -> Iterator[Event]:

@@ -63,6 +63,22 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         log.info("stopped")
 
 
+WS_DESCRIPTION = """\
+**WebSocket `/v1/models/{name}/stream`** (not listed below: OpenAPI has no WebSocket routes).
+Client frames are JSON text, `{"id", "samples": [{x, y}, ...]}` or `{"id", "x", "y"}`, or
+**binary** messages (the handshake answer carries `x-opml-frames: json, binary`):
+
+    uint32 little-endian H | H bytes of UTF-8 JSON {"id": <frame id>, "y": [label, ...]} |
+    len(y) x dim float64 little-endian values, row-major (one row per label)
+
+A binary frame means exactly the JSON frame with the same id and samples (the two encodings
+share idempotency: a resend in either is acknowledged with the original seqs). A malformed one
+(short, header not JSON, block of the wrong length, NaN/Inf in the block: `errors[0].loc =
+["block", row]`) is answered by an `error` frame; the connection stays open. Answers: one
+`{"ack", "first_seq", "last_seq"}` or `{"error", "id"}` text frame per client frame, in order.
+"""
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """A configured application (nothing starts until its lifespan runs)."""
     settings = settings or get_settings()
@@ -70,6 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="opml-service",
         version="1.0.0",
         summary="Streaming online metric learning (OPML / COPML) with a durable Redis log.",
+        description=WS_DESCRIPTION,
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
     )

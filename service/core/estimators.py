@@ -288,7 +288,7 @@ class COPML(_OnlineMetric):
     def __init__(
         self,
         gamma: float = 1e-3,
-        gamma_pair: float = 1e-3,
+        gamma_pair: float = 1e-2,
         margin: float = 1.0,
         normalize: Normalize = "none",
         random_state: Any = None,

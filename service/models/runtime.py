@@ -44,6 +44,7 @@ from service.storage.codec import (
     encode_vector,
     format_id,
 )
+from service.storage.group_commit import GroupCommit
 from service.storage.store import Checkpoint, Fenced, Store
 
 log = logging.getLogger("service.runtime")
@@ -120,6 +121,14 @@ class ModelRuntime:
         self.store = store
         self.settings = settings
         self.learner = Learner(config)
+        #: Appends to this model's log go through one queue (group commit).
+        self.appender = GroupCommit(
+            store,
+            name,
+            ttl_ms=settings.idempotency_ttl_s * 1000,
+            max_classes=settings.max_classes,
+            max_samples=settings.max_batch,
+        )
         self.logged_seq = 0
         self.checkpoint = CheckpointInfo()
         self.metric_puts = 0

@@ -44,7 +44,7 @@ class ModelCreate(_Body):
     algorithm: Literal["copml", "opml"] = "copml"
     gamma: float = Field(default=1e-3, gt=0, allow_inf_nan=False, description="Triplet step size.")
     gamma_pair: float = Field(
-        default=1e-3, gt=0, allow_inf_nan=False, description="COPML pair step."
+        default=1e-2, gt=0, allow_inf_nan=False, description="COPML pair step."
     )
     margin: float = Field(
         default=1.0, gt=0, allow_inf_nan=False, description="Hinge margin (Eq. 4)."
@@ -158,6 +158,14 @@ class StreamFrame(IngestBody):
     """A client frame of ``WS /v1/models/{name}/stream``."""
 
     id: FrameId
+
+
+class BinaryHeader(_Body):
+    """The JSON header of a binary ``/stream`` frame; the float64 block after it holds one
+    row of ``dim`` values per label."""
+
+    id: FrameId
+    y: list[Label] = Field(min_length=1)
 
 
 class Accepted(BaseModel):

@@ -31,7 +31,7 @@ from service.models import inputs
 from service.models.runtime import ModelClosed, ModelRuntime, Snapshot
 from service.models.schemas import ModelCreate, Sample
 from service.storage.codec import StreamId, encode_vector, sample_id
-from service.storage.store import Appended, NoSuchModel, Store, TooManyClasses
+from service.storage.store import Appended, Group, NoSuchModel, Store, TooManyClasses
 
 log = logging.getLogger("service.models")
 
@@ -204,7 +204,7 @@ class ModelService:
     async def ingest(
         self,
         name: str,
-        items: list[Sample],
+        items: list[Sample] | inputs.Block,
         *,
         idempotency_field: str = "",
         wait: bool = False,
@@ -249,7 +249,7 @@ class ModelService:
     async def _append(
         self,
         runtime: ModelRuntime,
-        items: list[Sample],
+        items: list[Sample] | inputs.Block,
         idempotency_field: str,
         loc: list[str | int],
         indexed: bool,
@@ -260,17 +260,19 @@ class ModelService:
             raise LimitExceeded(
                 f"{len(items)} samples in one request; at most {s.max_batch} (OPML_MAX_BATCH)"
             )
-        X, keys = inputs.samples(items, runtime.config.dim, loc, indexed)
+        if isinstance(items, inputs.Block):
+            X, keys = inputs.block(items)
+        else:
+            X, keys = inputs.samples(items, runtime.config.dim, loc, indexed)
         digest = inputs.fingerprint(X, keys)
         try:
-            appended = await self.store.append_samples(
-                runtime.name,
-                [(encode_vector(row), key) for row, key in zip(X, keys, strict=True)],
-                idempotency_field=idempotency_field,
-                fingerprint=digest,
-                now_ms=int(time.time() * 1000),
-                ttl_ms=s.idempotency_ttl_s * 1000,
-                max_classes=s.max_classes,
+            # No await before this enqueues: concurrent calls are logged in call order.
+            appended = await runtime.appender.append(
+                Group(
+                    _rows(X, keys),
+                    idempotency_field,
+                    digest,
+                )
             )
         except NoSuchModel:
             raise NotFound(f"model {runtime.name!r} does not exist") from None
@@ -335,6 +337,13 @@ class ModelService:
                 version=runtime.snapshot.version,
             )
         return runtime.snapshot
+
+
+def _rows(X: np.ndarray[Any, Any], keys: list[str]) -> list[tuple[bytes, str]]:
+    """Each row's vector bytes (one conversion for the whole block) with its class key."""
+    raw = encode_vector(X)
+    step = len(raw) // len(keys) if keys else 0
+    return [(raw[i * step : (i + 1) * step], key) for i, key in enumerate(keys)]
 
 
 def model_body(runtime: ModelRuntime) -> dict[str, Any]:

@@ -32,8 +32,11 @@ return 1
 """
 
 # KEYS: meta, log, classes, idem, idem-exp
-# ARGV: now_ms, ttl_ms, idem field ('' = none), fingerprint, max_classes, n, x1, y1, x2, y2, ...
-# -> {0} no model | {1, first, last} | {2, "first last fingerprint"} replay | {3, classes} full
+# ARGV: now_ms, ttl_ms, max_classes, groups, then per group: idem field ('' = none), fingerprint,
+#       n, x1, y1, ..., xn, yn. Groups are appended in order, each exactly as if alone (a group
+#       commit: one script, one AOF write and fsync for requests/frames that arrived together).
+# -> {0} no model | {1, r1, r2, ...}, per group r = {1, first, last} | {2, "first last fingerprint"}
+#    replay | {3, classes} would exceed the class limit (that group alone: nothing of it logged)
 _APPEND = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local now = tonumber(ARGV[1])
@@ -42,37 +45,50 @@ if #expired > 0 then
   redis.call('HDEL', KEYS[4], unpack(expired))
   redis.call('ZREM', KEYS[5], unpack(expired))
 end
-local field = ARGV[3]
-if field ~= '' then
-  local prev = redis.call('HGET', KEYS[4], field)
-  if prev then return {2, prev} end
-end
-local n = tonumber(ARGV[6])
-local seen, fresh = {}, {}
-for i = 1, n do
-  local y = ARGV[6 + 2 * i]
-  if not seen[y] then
-    seen[y] = true
-    if redis.call('SISMEMBER', KEYS[3], y) == 0 then fresh[#fresh + 1] = y end
+local ttl = tonumber(ARGV[2])
+local max_classes = tonumber(ARGV[3])
+local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
+local out = {1}
+local p = 5
+for g = 1, tonumber(ARGV[4]) do
+  local field, fp, n = ARGV[p], ARGV[p + 1], tonumber(ARGV[p + 2])
+  local base = p + 2  -- sample i: x = ARGV[base + 2i - 1], y = ARGV[base + 2i]
+  p = base + 2 * n + 1
+  local prev = false
+  if field ~= '' then prev = redis.call('HGET', KEYS[4], field) end
+  if prev then
+    out[#out + 1] = {2, prev}
+  else
+    local seen, fresh = {}, {}
+    for i = 1, n do
+      local y = ARGV[base + 2 * i]
+      if not seen[y] then
+        seen[y] = true
+        if redis.call('SISMEMBER', KEYS[3], y) == 0 then fresh[#fresh + 1] = y end
+      end
+    end
+    local have = 0
+    if #fresh > 0 then have = redis.call('SCARD', KEYS[3]) end
+    if #fresh > 0 and have + #fresh > max_classes then
+      out[#out + 1] = {3, have}
+    else
+      local first = seq + 1
+      for i = 1, n do
+        redis.call('XADD', KEYS[2], string.format('%d-1', first + i - 1),
+                   'x', ARGV[base + 2 * i - 1], 'y', ARGV[base + 2 * i])
+      end
+      seq = first + n - 1
+      for i = 1, #fresh do redis.call('SADD', KEYS[3], fresh[i]) end
+      if field ~= '' then
+        redis.call('HSET', KEYS[4], field, string.format('%d %d %s', first, seq, fp))
+        redis.call('ZADD', KEYS[5], now + ttl, field)
+      end
+      out[#out + 1] = {1, first, seq}
+    end
   end
 end
-if #fresh > 0 then
-  local have = redis.call('SCARD', KEYS[3])
-  if have + #fresh > tonumber(ARGV[5]) then return {3, have} end
-end
-local first = tonumber(redis.call('HGET', KEYS[1], 'seq')) + 1
-for i = 1, n do
-  redis.call('XADD', KEYS[2], string.format('%d-1', first + i - 1),
-             'x', ARGV[5 + 2 * i], 'y', ARGV[6 + 2 * i])
-end
-local last = first + n - 1
-redis.call('HSET', KEYS[1], 'seq', last)
-for i = 1, #fresh do redis.call('SADD', KEYS[3], fresh[i]) end
-if field ~= '' then
-  redis.call('HSET', KEYS[4], field, string.format('%d %d %s', first, last, ARGV[4]))
-  redis.call('ZADD', KEYS[5], now + tonumber(ARGV[2]), field)
-end
-return {1, first, last}
+redis.call('HSET', KEYS[1], 'seq', seq)
+return out
 """
 
 # KEYS: meta, log; ARGV: L bytes -> {0} | {1, entry id}
@@ -132,6 +148,16 @@ class Appended:
     last_seq: int
     replayed: bool = False
     fingerprint: str = ""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One request's / frame's samples for an append: rows (vector bytes, class key), its
+    idempotency field ('' = none) and the fingerprint of its samples."""
+
+    rows: list[tuple[bytes, str]]
+    idempotency_field: str
+    fingerprint: str
 
 
 @dataclass(frozen=True)
@@ -266,23 +292,45 @@ class Store:
         max_classes: int,
     ) -> Appended:
         """Append samples atomically with their seqs and idempotency record (see ``_APPEND``)."""
+        (out,) = await self.append_groups(
+            name,
+            [Group(rows, idempotency_field, fingerprint)],
+            now_ms=now_ms,
+            ttl_ms=ttl_ms,
+            max_classes=max_classes,
+        )
+        if isinstance(out, TooManyClasses):
+            raise out
+        return out
+
+    async def append_groups(
+        self, name: str, groups: list[Group], *, now_ms: int, ttl_ms: int, max_classes: int
+    ) -> list[Appended | TooManyClasses]:
+        """Append several groups in order in one script (:class:`NoSuchModel` if the model is
+        gone); each group's outcome is its own: appended, replayed, or over the class limit."""
         keys = ModelKeys(name)
-        args: list[Any] = [now_ms, ttl_ms, idempotency_field, fingerprint, max_classes, len(rows)]
-        for x, y in rows:
-            args += [x, y]
+        args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups)]
+        for group in groups:
+            args += [group.idempotency_field, group.fingerprint, len(group.rows)]
+            for x, y in group.rows:
+                args += [x, y]
         out = await self._append(
             keys=[keys.meta, keys.log, keys.classes, keys.idempotency, keys.idempotency_expiry],
             args=args,
         )
-        code = int(out[0])
-        if code == 0:
+        if int(out[0]) == 0:
             raise NoSuchModel(name)
-        if code == 3:
-            raise TooManyClasses(int(out[1]))
-        if code == 2:
-            first, last, fp = out[1].decode().split(" ", 2)
-            return Appended(int(first), int(last), replayed=True, fingerprint=fp)
-        return Appended(int(out[1]), int(out[2]), fingerprint=fingerprint)
+        results: list[Appended | TooManyClasses] = []
+        for group, r in zip(groups, out[1:], strict=True):
+            code = int(r[0])
+            if code == 3:
+                results.append(TooManyClasses(int(r[1])))
+            elif code == 2:
+                first, last, fp = r[1].decode().split(" ", 2)
+                results.append(Appended(int(first), int(last), replayed=True, fingerprint=fp))
+            else:
+                results.append(Appended(int(r[1]), int(r[2]), fingerprint=group.fingerprint))
+        return results
 
     async def append_metric(self, name: str, L: bytes) -> StreamId:
         keys = ModelKeys(name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 from collections.abc import Callable
 
@@ -281,3 +282,37 @@ def test_async_client_every_call(service: ServiceProcess, name: str) -> None:
 def test_to_sklearn_of_an_opml_model(client: OPMLClient, name: str) -> None:
     client.create_model(name, 2, algorithm="opml", gamma=0.05, seed=1)
     assert type(client.to_sklearn(name)) is OPML
+
+
+@pytest.mark.parametrize("binary", [None, False])
+def test_stream_binary_by_default_and_json_on_request(
+    client: OPMLClient, name: str, binary: bool | None
+) -> None:
+    X, y = stream(300, 4, 3, seed=7)
+    client.create_model(name, 4, **HYPER)
+    with client.stream(name, window=4, binary=binary) as s:
+        assert s._window.use_binary is (binary is None)  # the service reads binary frames
+        for lo in range(0, 300, 50):
+            s.send(X[lo : lo + 50], y[lo : lo + 50], frame_id=f"f{lo}")
+        s.send(X[0], y[0], frame_id="single")
+    with client.stream(name, binary=not binary) as s:  # resend in the other encoding
+        s.send(X[:50], y[:50], frame_id="f0")
+    assert s.progress.replayed_samples == 50
+    L = client.metric(name, min_version=301)
+    reference = core_learner(np.vstack([X, X[:1]]), [*y, y[0]], dim=4, **HYPER)
+    np.testing.assert_allclose(L, reference.L, rtol=0, atol=1e-12)
+
+
+def test_binary_frame_goes_as_json_to_a_service_without_binary_frames() -> None:
+    from clients import _wire
+
+    window = _wire.Window(4, RetryPolicy(), None)
+    window.connected("json, binary")
+    frame = window.frame(np.array([[1.0, 0.5], [2.0, -1.0]]), ["a", 3], "f")
+    assert isinstance(frame.text, bytes) and window.payload(frame) is frame.text
+    window.connected(None)  # reconnected to an older service
+    assert json.loads(window.payload(frame)) == {
+        "id": "f", "samples": [{"x": [1.0, 0.5], "y": "a"}, {"x": [2.0, -1.0], "y": 3}]
+    }  # fmt: skip
+    with pytest.raises(ValueError, match="row 1 contains NaN"):
+        _wire.Window(4, RetryPolicy(), None, binary=True).frame([[1, 2], [np.nan, 1]], [1, 2], 1)

@@ -23,6 +23,8 @@ from service.storage.store import Fenced, Store
 from tests.service.support import RedisServer, ServiceProcess, core_learner, make_model, stream
 
 FAST = {"OPML_LEASE_TTL_S": "1.5", "OPML_POLL_INTERVAL_S": "0.1", "OPML_CHECKPOINT_EVERY": "100"}
+#: For tests where nobody should take over: a lease a busy CI machine cannot lose by a stall.
+STEADY = {**FAST, "OPML_LEASE_TTL_S": "15"}
 
 
 @pytest.fixture
@@ -72,8 +74,8 @@ def test_fencing_refuses_a_checkpoint_with_an_older_token(own_redis: RedisServer
 def test_one_owner_replica_follows_creates_and_deletes(
     tmp_path: Path, own_redis: RedisServer
 ) -> None:
-    a = ServiceProcess(tmp_path / "a", own_redis.url, **FAST).start()
-    b = ServiceProcess(tmp_path / "b", own_redis.url, **FAST).start()
+    a = ServiceProcess(tmp_path / "a", own_redis.url, **STEADY).start()
+    b = ServiceProcess(tmp_path / "b", own_redis.url, **STEADY).start()
     try:
         X, y = stream(400, 3, 4, seed=3)
         with a.client() as api_a, b.client() as api_b:

@@ -16,10 +16,13 @@ import asyncio
 import contextlib
 import json
 import re
+import struct
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Annotated, Any
 
+import numpy as np
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 from redis.exceptions import RedisError
@@ -28,9 +31,11 @@ from service import telemetry
 from service.api.auth import accept_subprotocol
 from service.api.deps import WsModelsDep
 from service.errors import InvalidInput, NotFound, ServiceError, from_redis, validation_errors
+from service.models.inputs import Block
 from service.models.runtime import ModelClosed, ModelRuntime
-from service.models.schemas import NAME_PATTERN, StreamFrame
+from service.models.schemas import NAME_PATTERN, BinaryHeader, Sample, StreamFrame
 from service.models.service import ModelService, updates, verification
+from service.storage.codec import DTYPE
 
 router = APIRouter(prefix="/v1/models/{name}", tags=["websocket"])
 
@@ -38,16 +43,32 @@ router = APIRouter(prefix="/v1/models/{name}", tags=["websocket"])
 CLOSE_NOT_FOUND = 4404
 
 
-#: A received frame waiting for its answer: receipt time, frame id, parsed frame or its error.
-_Pending = tuple[float, Any, StreamFrame | ServiceError]
+#: Handshake response header of ``/stream``: the frame encodings this server reads.
+FRAMES_HEADER = "x-opml-frames"
+FRAMES_SUPPORTED = "json, binary"
+
+_HEADER_LEN = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class BinaryFrame:
+    """A binary client frame (see :func:`parse_binary`): its id and its samples."""
+
+    id: Any
+    block: Block
 
 
 def _frame_id(raw: Any) -> Any:
     return raw.get("id") if isinstance(raw, dict) else None
 
 
-async def _open(websocket: WebSocket, models: ModelService, name: str) -> ModelRuntime | None:
-    await websocket.accept(subprotocol=accept_subprotocol(websocket.scope))
+async def _open(
+    websocket: WebSocket,
+    models: ModelService,
+    name: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> ModelRuntime | None:
+    await websocket.accept(subprotocol=accept_subprotocol(websocket.scope), headers=headers)
     try:
         if not re.fullmatch(NAME_PATTERN, name):
             raise InvalidInput(f"name: must match {NAME_PATTERN}")
@@ -61,20 +82,24 @@ async def _open(websocket: WebSocket, models: ModelService, name: str) -> ModelR
 @router.websocket("/stream", name="stream_samples")
 async def stream_samples(websocket: WebSocket, name: str, models: WsModelsDep) -> None:
     """Ingestion over one connection: frames in, ``ack`` / ``error`` frames out, in order."""
-    if await _open(websocket, models, name) is None:
+    advertise = [(FRAMES_HEADER.encode(), FRAMES_SUPPORTED.encode())]
+    runtime = await _open(websocket, models, name, advertise)
+    if runtime is None:
         return
-    window: asyncio.Queue[_Pending | None] = asyncio.Queue(models.settings.ws_window)
+    window: asyncio.Queue[_InFlight] = asyncio.Queue(models.settings.ws_window)
     # Either side ending ends both: a client that stops reading acks and then vanishes leaves
     # the reader blocked on a full window, and only the sender's failed send notices.
-    tasks = [
-        asyncio.create_task(_read_frames(websocket, window)),
-        asyncio.create_task(_send_acks(websocket, models, name, window)),
+    tasks: list[asyncio.Task[Any]] = [
+        asyncio.create_task(_read_frames(websocket, models, name, window, runtime.config.dim)),
+        asyncio.create_task(_send_acks(websocket, window)),
     ]
     telemetry.WS_CONNECTIONS.labels("stream").inc()
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         telemetry.WS_CONNECTIONS.labels("stream").dec()
+        while not window.empty():  # frames whose answer nobody will read
+            tasks.append(window.get_nowait()[1])
         for task in tasks:
             task.cancel()
         for task in tasks:
@@ -82,14 +107,90 @@ async def stream_samples(websocket: WebSocket, name: str, models: WsModelsDep) -
                 await task
 
 
-async def _read_frames(websocket: WebSocket, window: asyncio.Queue[_Pending | None]) -> None:
-    with contextlib.suppress(WebSocketDisconnect):
-        while True:
-            text = await websocket.receive_text()
-            await window.put((time.perf_counter(), *_parse(text)))
+#: A frame in flight: receipt time, and the task that appends it and makes its answer.
+_InFlight = tuple[float, "asyncio.Task[dict[str, Any]]"]
+
+
+async def _read_frames(
+    websocket: WebSocket,
+    models: ModelService,
+    name: str,
+    window: asyncio.Queue[_InFlight],
+    dim: int,
+) -> None:
+    """Parse each frame and start appending it at once, so frames that arrive while an append
+    is in flight are logged together in the next one (group commit, one fsync); the window
+    bounds how many are in flight. The tasks start in arrival order and enqueue their append
+    before their first suspension, so seqs follow frame order."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        received = time.perf_counter()
+        text, data = message.get("text"), message.get("bytes")
+        frame: StreamFrame | BinaryFrame | ServiceError
+        if text is not None:
+            frame_id, frame = _parse(text)
+        elif data is not None:
+            frame_id, frame = parse_binary(data, dim)
+        else:
+            continue
+        await window.put((received, asyncio.create_task(_answer(models, name, frame_id, frame))))
+
+
+async def _answer(
+    models: ModelService, name: str, frame_id: Any, frame: StreamFrame | BinaryFrame | ServiceError
+) -> dict[str, Any]:
+    """Append one frame; its ``ack`` or ``error`` answer."""
+    try:
+        if isinstance(frame, ServiceError):
+            raise frame
+        if isinstance(frame, BinaryFrame):
+            items: list[Sample] | Block = frame.block
+            loc: list[str | int] = []
+            indexed = True
+        else:
+            items = frame.as_samples()
+            loc = ["samples"] if frame.samples is not None else []
+            indexed = frame.samples is not None
+        result = await models.ingest(
+            name,
+            items,
+            idempotency_field="w:" + json.dumps(frame.id),
+            loc=loc,
+            indexed=indexed,
+            transport="ws",
+        )
+        answer: dict[str, Any] = {
+            "ack": frame.id,
+            "first_seq": result.first_seq,
+            "last_seq": result.last_seq,
+        }
+        if result.replayed:
+            answer["replayed"] = True
+        return answer
+    except ServiceError as exc:
+        return {"error": exc.problem(), "id": frame_id}
+    except RedisError as exc:
+        telemetry.REDIS_ERRORS.labels("ws").inc()
+        return {"error": from_redis(exc).problem(), "id": frame_id}
+
+
+async def _send_acks(websocket: WebSocket, window: asyncio.Queue[_InFlight]) -> None:
+    while True:
+        received, task = await window.get()
+        answer = await task
+        await websocket.send_json(answer)
+        outcome = "error" if "error" in answer else "ack"
+        telemetry.WS_FRAME_DURATION.labels(outcome).observe(time.perf_counter() - received)
 
 
 def _parse(text: str) -> tuple[Any, StreamFrame | ServiceError]:
+    try:  # the common case in one step: JSON straight into the model, no dict in between
+        frame = StreamFrame.model_validate_json(text)
+        return frame.id, frame
+    except ValidationError:
+        pass  # redo it in two steps, which name the problem exactly as they always did
     try:
         raw = json.loads(text)
     except ValueError as exc:
@@ -99,51 +200,48 @@ def _parse(text: str) -> tuple[Any, StreamFrame | ServiceError]:
     try:
         return raw["id"], StreamFrame.model_validate(raw)
     except ValidationError as exc:
-        items = validation_errors(exc.errors())
-        where = ".".join(str(p) for p in items[0]["loc"]) if items else "frame"
-        msg = items[0]["msg"] if items else "invalid frame"
-        return _frame_id(raw), InvalidInput(f"{where}: {msg}", items)
+        return _frame_id(raw), _invalid_frame(exc)
     except (KeyError, TypeError):
         return None, InvalidInput("id: a frame needs an id")
 
 
-async def _send_acks(
-    websocket: WebSocket,
-    models: ModelService,
-    name: str,
-    window: asyncio.Queue[_Pending | None],
-) -> None:
-    while True:
-        item = await window.get()
-        if item is None:
-            return
-        received, frame_id, frame = item
+def _invalid_frame(exc: ValidationError) -> InvalidInput:
+    items = validation_errors(exc.errors())
+    where = ".".join(str(p) for p in items[0]["loc"]) if items else "frame"
+    msg = items[0]["msg"] if items else "invalid frame"
+    return InvalidInput(f"{where}: {msg}", items)
+
+
+def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError]:
+    """A binary frame: ``uint32 LE header length | JSON header {"id", "y": [labels]} | block``,
+    the block being ``len(y) x dim`` little-endian float64 values, row-major (README)."""
+    if len(data) < _HEADER_LEN.size:
+        return None, InvalidInput("binary frame: shorter than its 4-byte header length")
+    (size,) = _HEADER_LEN.unpack_from(data)
+    end = _HEADER_LEN.size + size
+    if end > len(data):
+        return None, InvalidInput(
+            f"binary frame: header length {size} exceeds the frame ({len(data)} bytes)"
+        )
+    header = data[_HEADER_LEN.size : end]
+    try:
+        head = BinaryHeader.model_validate_json(header)
+    except ValidationError as exc:
         try:
-            if isinstance(frame, ServiceError):
-                raise frame
-            result = await models.ingest(
-                name,
-                frame.as_samples(),
-                idempotency_field="w:" + json.dumps(frame.id),
-                loc=["samples"] if frame.samples is not None else [],
-                indexed=frame.samples is not None,
-                transport="ws",
-            )
-            answer: dict[str, Any] = {
-                "ack": frame.id,
-                "first_seq": result.first_seq,
-                "last_seq": result.last_seq,
-            }
-            if result.replayed:
-                answer["replayed"] = True
-        except ServiceError as exc:
-            answer = {"error": exc.problem(), "id": frame_id}
-        except RedisError as exc:
-            telemetry.REDIS_ERRORS.labels("ws").inc()
-            answer = {"error": from_redis(exc).problem(), "id": frame_id}
-        await websocket.send_json(answer)
-        outcome = "error" if "error" in answer else "ack"
-        telemetry.WS_FRAME_DURATION.labels(outcome).observe(time.perf_counter() - received)
+            raw = json.loads(header)
+        except (ValueError, RecursionError):
+            return None, InvalidInput("binary frame: the header is not a JSON object")
+        return _frame_id(raw), _invalid_frame(exc)
+    n = len(head.y)
+    raw_block = memoryview(data)[end:]
+    if len(raw_block) != n * dim * DTYPE.itemsize:
+        return head.id, InvalidInput(
+            f"block: expected {n} x {dim} float64 values ({n * dim * DTYPE.itemsize} bytes) "
+            f"for {n} labels, got {len(raw_block)} bytes",
+            [{"loc": ["block"], "msg": "wrong length", "type": "value_error"}],
+        )
+    X = np.frombuffer(raw_block, dtype=DTYPE).astype(np.float64).reshape(n, dim)
+    return head.id, BinaryFrame(head.id, Block(X, list(head.y)))
 
 
 @router.websocket("/events", name="model_events")

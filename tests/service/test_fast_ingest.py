@@ -1,0 +1,191 @@
+"""Binary /stream frames and group commit (several requests / frames in one append script)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import struct
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+import numpy as np
+from websockets.sync.client import connect
+
+from service.storage.store import Appended, Group, Store, TooManyClasses
+from service.storage.store import connect as redis_connect
+from tests.service.conftest import ServiceProcess
+from tests.service.support import core_learner, make_model, stream
+
+
+def binary(frame_id: Any, X: Any, y: list[Any], header: bytes | None = None) -> bytes:
+    head = header if header is not None else json.dumps({"id": frame_id, "y": y}).encode()
+    return struct.pack("<I", len(head)) + head + np.asarray(X, dtype="<f8").tobytes()
+
+
+def test_binary_frames_are_acked_in_order_and_learn_like_json(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    X, y = stream(120, 4, 3, seed=5)
+    make_model(api, name, 4, gamma=0.05)
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        assert ws.response is not None
+        assert "binary" in ws.response.headers["x-opml-frames"]
+        for k in range(0, 120, 20):
+            ws.send(binary(f"b{k}", X[k : k + 20], y[k : k + 20]))
+        acks = [json.loads(ws.recv(timeout=30)) for _ in range(6)]
+    assert [(a["ack"], a["first_seq"], a["last_seq"]) for a in acks] == [
+        (f"b{k}", k + 1, k + 20) for k in range(0, 120, 20)
+    ]
+    ref = core_learner(X, y, dim=4, gamma=0.05)
+    got = api.get(f"/v1/models/{name}/metric", params={"min_version": 120}).json()
+    np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
+
+
+def test_malformed_binary_frames_get_error_frames_and_the_connection_survives(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    make_model(api, name, 2)
+    bad = [
+        b"\x01\x00",  # shorter than the header length
+        struct.pack("<I", 999) + b"{}",  # header length past the end
+        binary(None, [[1, 2]], [], header=b"{not json"),  # header not JSON
+        binary(None, [[1, 2]], [], header=b'{"id": "no-y"}'),  # no labels
+        binary("short", [1, 2, 3], ["a", "b"]),  # 3 values for 2 x 2
+        binary("long", [[1, 2, 3]], ["a"]),  # 3 values for 1 x 2
+        binary("nan", [[1, 2], [1, np.nan]], ["a", "b"]),  # NaN in row 1
+        binary("inf", [[np.inf, 2]], ["a"]),
+        binary("bool-label", [[1, 2]], [True]),
+    ]
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        for frame in bad:
+            ws.send(frame)
+        ws.send(binary("ok", [[1, 2]], ["a"]))
+        ws.send(json.dumps({"id": "json-ok", "x": [2, 1], "y": 3}))
+        frames = [json.loads(ws.recv(timeout=10)) for _ in range(len(bad) + 2)]
+    for frame in frames[: len(bad)]:
+        assert frame["error"]["status"] == 422 and frame["error"]["detail"], frame
+    assert [f.get("id") for f in frames[: len(bad)]] == [
+        None, None, None, "no-y", "short", "long", "nan", "inf", "bool-label"
+    ]  # fmt: skip
+    nan = frames[6]["error"]
+    assert nan["errors"][0]["loc"] == ["block", 1]
+    assert frames[-2:] == [
+        {"ack": "ok", "first_seq": 1, "last_seq": 1},
+        {"ack": "json-ok", "first_seq": 2, "last_seq": 2},
+    ]
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 2
+
+
+def test_a_frame_resent_in_the_other_encoding_is_deduplicated(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    make_model(api, name, 2)
+    X = [[1.0, 2.0], [0.5, -1.0]]
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        ws.send(binary("f1", X, ["a", 7]))
+        first = json.loads(ws.recv(timeout=10))
+        ws.send(json.dumps({"id": "f1", "samples": [{"x": X[0], "y": "a"}, {"x": X[1], "y": 7}]}))
+        again = json.loads(ws.recv(timeout=10))
+        ws.send(binary("f1", [[9.0, 9.0], [0.5, -1.0]], ["a", 7]))  # same id, other samples
+        conflict = json.loads(ws.recv(timeout=10))
+    assert first == {"ack": "f1", "first_seq": 1, "last_seq": 2}
+    assert again == {**first, "replayed": True}
+    assert conflict["error"]["status"] == 409
+
+
+def test_pipelined_frames_get_contiguous_seqs_and_one_bad_frame_affects_no_other(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    make_model(api, name, 2)
+    frames: list[str | bytes] = []
+    for k in range(30):
+        if k == 7:  # wrong dimension
+            frames.append(json.dumps({"id": k, "x": [1, 2, 3], "y": "a"}))
+        elif k == 12:  # 25 new classes: over OPML_MAX_CLASSES=20, refused alone
+            frames.append(binary(k, np.ones((25, 2)), [f"c{i}" for i in range(25)]))
+        elif k == 20:  # a resend of frame 3 while it may still be in the same group
+            frames.append(json.dumps({"id": 3, "samples": [{"x": [3, 1], "y": 3 % 4}] * 2}))
+        elif k % 2:
+            frames.append(binary(k, [[k, 1], [k, 1]], [k % 4, k % 4]))
+        else:
+            frames.append(json.dumps({"id": k, "samples": [{"x": [k, 1], "y": k % 4}] * 2}))
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        for frame in frames:
+            ws.send(frame)
+        answers = [json.loads(ws.recv(timeout=30)) for _ in frames]
+    ids = [a.get("ack", a.get("id")) for a in answers]
+    assert ids == [3 if k == 20 else k for k in range(30)]  # frame 20 resends id 3
+    assert answers[7]["error"]["status"] == 422
+    assert answers[12]["error"]["status"] == 422
+    assert answers[12]["error"]["type"].endswith("limit-exceeded")
+    assert answers[20] == {**answers[3], "ack": 3, "replayed": True}
+    fresh = [a for k, a in enumerate(answers) if k not in (7, 12, 20)]
+    assert [(a["first_seq"], a["last_seq"]) for a in fresh] == [
+        (2 * i + 1, 2 * i + 2) for i in range(len(fresh))
+    ]
+    model = api.get(f"/v1/models/{name}", params={"min_version": 2 * len(fresh)}).json()
+    assert model["logged_seq"] == model["version"] == 2 * len(fresh)
+    assert model["classes"] == 4
+
+
+def test_concurrent_requests_get_disjoint_contiguous_seqs_and_retries_replay(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    make_model(api, name, 2)
+
+    def post(i: int) -> httpx.Response:
+        with service.client() as client:
+            body = {"samples": [{"x": [i, 1], "y": i % 3}] * (1 + i % 3)}
+            return client.post(
+                f"/v1/models/{name}/samples", json=body, headers={"Idempotency-Key": f"k{i}"}
+            )
+
+    with ThreadPoolExecutor(12) as pool:
+        first = list(pool.map(post, range(24)))
+        again = list(pool.map(post, range(24)))
+    assert all(r.status_code == 202 for r in first)
+    spans = sorted((r.json()["first_seq"], r.json()["last_seq"]) for r in first)
+    total = sum(1 + i % 3 for i in range(24))
+    assert spans[0][0] == 1 and spans[-1][1] == total
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(spans))
+    for i, (r1, r2) in enumerate(zip(first, again, strict=True)):
+        assert r2.status_code == 202 and r2.headers["Idempotent-Replayed"] == "true"
+        assert r2.json() == r1.json()
+        assert r1.json()["accepted"] == 1 + i % 3
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == total
+
+
+def test_one_script_appends_groups_each_with_its_own_outcome(redis_url: str) -> None:
+    async def run() -> list[Appended | TooManyClasses]:
+        client = redis_connect(redis_url, 2.0)
+        store = Store(client)
+        model = f"groups-{time.time_ns()}"
+        try:
+            await store.create_model(model, {}, time.time())
+            x = b"\x00" * 8
+            groups = [
+                Group([(x, "a"), (x, "b")], "h:one", "fp1"),
+                Group([(x, f"c{i}") for i in range(5)], "h:two", "fp2"),  # over the limit of 4
+                Group([(x, "a")], "h:one", "fp-other"),  # the first group's key again
+                Group([(x, "c")], "", "fp3"),
+                Group([(x, "d"), (x, "a")], "h:four", "fp4"),
+            ]
+            out = await store.append_groups(
+                model, groups, now_ms=int(time.time() * 1000), ttl_ms=60_000, max_classes=4
+            )
+            assert int(await client.hget(f"opml:{{{model}}}:meta", "seq")) == 5
+            assert await client.xlen(f"opml:{{{model}}}:log") == 5
+            return out
+        finally:
+            await store.delete_model(model)
+            await client.aclose()
+
+    out = asyncio.run(run())
+    assert out[0] == Appended(1, 2, fingerprint="fp1")
+    assert isinstance(out[1], TooManyClasses) and out[1].have == 2
+    assert out[2] == Appended(1, 2, replayed=True, fingerprint="fp1")
+    assert out[3] == Appended(3, 3, fingerprint="fp3")
+    assert out[4] == Appended(4, 5, fingerprint="fp4")
