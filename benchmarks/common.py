@@ -9,15 +9,16 @@ import datetime as _dt
 import os
 import platform
 import shlex
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-from sklearn.neighbors import KNeighborsClassifier
+from sklearn.neighbors import NearestNeighbors
 from sklearn.preprocessing import StandardScaler
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -42,7 +43,7 @@ class Config:
     gamma: float = 1e-3
     gamma_pair: float = 1e-3
     margin: float = 1.0
-    normalize: str = "none"
+    normalize: Literal["none", "l2"] = "none"
 
     def label(self) -> str:
         return (
@@ -82,13 +83,64 @@ def zscore(X_train: FloatArray, *others: FloatArray) -> list[FloatArray]:
     return [scaler.transform(X_train), *(scaler.transform(X) for X in others)]
 
 
+TIE_BREAKS = ("nearest", "smallest")
+TIE_TEXT = {
+    "nearest": "a tie of votes goes to the class of the nearest tied neighbour, as MATLAB "
+    "knnclassify's default rule",
+    "smallest": "a tie of votes goes to the smallest class index, as scikit-learn's "
+    "KNeighborsClassifier",
+}
+
+
+def knn_predict(
+    X_train: FloatArray,
+    y_train: IntArray,
+    X_test: FloatArray,
+    k: int = 5,
+    tie_break: str = "nearest",
+) -> IntArray:
+    """k-NN majority vote (Euclidean distance, uniform weights) with an explicit tie rule.
+
+    ``tie_break="nearest"``: among the classes tied for most votes, the class of the nearest
+    tied neighbour wins (MATLAB ``knnclassify``'s default rule 'nearest', presumably what the
+    paper's MATLAB code used). ``"smallest"``: the smallest class index wins (what
+    scikit-learn's ``KNeighborsClassifier`` does).
+
+    >>> Xtr = np.array([[0.0], [1.0], [2.0], [3.0]])
+    >>> ytr = np.array([1, 0, 0, 1])
+    >>> knn_predict(Xtr, ytr, np.array([[0.1]]), k=4, tie_break="nearest").tolist()
+    [1]
+    >>> knn_predict(Xtr, ytr, np.array([[0.1]]), k=4, tie_break="smallest").tolist()
+    [0]
+    """
+    if tie_break not in TIE_BREAKS:
+        raise ValueError(f"tie_break: one of {TIE_BREAKS}, got {tie_break!r}")
+    nn = NearestNeighbors(n_neighbors=k, algorithm="brute").fit(X_train)
+    idx = nn.kneighbors(X_test, return_distance=False)  # sorted nearest first
+    labels = y_train[idx]  # (m, k)
+    n_classes = int(y_train.max()) + 1
+    counts = (labels[:, :, None] == np.arange(n_classes)).sum(axis=1)  # (m, C)
+    tied = counts == counts.max(axis=1, keepdims=True)
+    rows = np.arange(labels.shape[0])
+    pred: IntArray
+    if tie_break == "smallest":
+        pred = tied.argmax(axis=1).astype(np.int64)
+    else:
+        first = tied[rows[:, None], labels].argmax(axis=1)  # nearest neighbour of a tied class
+        pred = labels[rows, first].astype(np.int64)
+    return pred
+
+
 def knn_error(
-    X_train: FloatArray, y_train: IntArray, X_test: FloatArray, y_test: IntArray, k: int = 5
+    X_train: FloatArray,
+    y_train: IntArray,
+    X_test: FloatArray,
+    y_test: IntArray,
+    k: int = 5,
+    tie_break: str = "nearest",
 ) -> float:
-    """Test error of a k-NN classifier (Euclidean distance, uniform vote) on the given features."""
-    clf = KNeighborsClassifier(n_neighbors=k, algorithm="brute")
-    clf.fit(X_train, y_train)
-    return float(np.mean(clf.predict(X_test) != y_test))
+    """Test error of :func:`knn_predict` on the given features."""
+    return float(np.mean(knn_predict(X_train, y_train, X_test, k, tie_break) != y_test))
 
 
 def method_errors(
@@ -100,12 +152,13 @@ def method_errors(
     seed: int,
     methods: Sequence[str] = METHODS,
     k: int = 5,
+    tie_break: str = "nearest",
 ) -> dict[str, float]:
     """k-NN test error of each method; learners are fitted on the training stream in order."""
     out: dict[str, float] = {}
     for method in methods:
         if method == "euclidean":
-            out[method] = knn_error(X_train, y_train, X_test, y_test, k)
+            out[method] = knn_error(X_train, y_train, X_test, y_test, k, tie_break)
             continue
         learner = make_learner(method, config, seed).fit(X_train, y_train)
         Z_train = np.asarray(learner.transform(X_train), dtype=np.float64)
@@ -113,7 +166,7 @@ def method_errors(
         if not (np.isfinite(Z_train).all() and np.isfinite(Z_test).all()):
             out[method] = float("nan")
             continue
-        out[method] = knn_error(Z_train, y_train, Z_test, y_test, k)
+        out[method] = knn_error(Z_train, y_train, Z_test, y_test, k, tie_break)
     return out
 
 
@@ -125,6 +178,29 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def core_version() -> str:
+    """The git commit of the checkout, with ``+dirty`` when ``service/core`` has local edits."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "service/core"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
 
 
 def machine_info() -> dict[str, Any]:
@@ -140,6 +216,8 @@ def machine_info() -> dict[str, Any]:
         "scipy": scipy.__version__,
         "scikit-learn": sklearn.__version__,
         "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "core": core_version(),
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
 
 
@@ -154,7 +232,9 @@ def machine_block(info: dict[str, Any]) -> str:
             f"- CPU: {info['cpu']} ({info['cores']} cores), {info['platform']}",
             f"- Python {info['python']}, numpy {info['numpy']}, scipy {info['scipy']}, "
             f"scikit-learn {info['scikit-learn']}",
-            f"- Date: {info['date']}",
+            f"- service.core at git {info['core']}",
+            f"- Date: {info['date']}; 1-minute load average when the run ended: "
+            f"{info['load_average_1m']} (the machine is shared; wall times are indicative)",
         ]
     )
 
@@ -167,6 +247,11 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     std = float(arr.std(ddof=1)) if arr.size > 1 else 0.0
     return float(arr.mean()), std
+
+
+def suffixed(stem: Path, suffix: str) -> Path:
+    """``stem`` with ``suffix`` appended (not ``with_suffix``: stems may contain dots)."""
+    return stem.with_name(stem.name + suffix)
 
 
 def fmt(mean: float, std: float) -> str:

@@ -64,7 +64,8 @@ class DataMissingError(RuntimeError):
 def _encode(labels: NDArray[np.generic]) -> NDArray[np.int64]:
     """Map arbitrary labels to 0..c-1 in sorted order of the distinct labels."""
     _, codes = np.unique(labels, return_inverse=True)
-    return codes.astype(np.int64).ravel()
+    out: NDArray[np.int64] = codes.astype(np.int64).ravel()
+    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,1022 @@
+"""Service load benchmark: ingestion, queries and overhead against the embedded default.
+
+    python3 dev.py bench && .venv/bin/python -m benchmarks.service_load [--quick] [--no-profile]
+
+Starts ``python -m service`` as a subprocess (its own embedded redis-server, AOF with
+``appendfsync always``: an ack means the samples are on disk) in a temporary data dir on a free
+port, and drives it with ``benchmarks/loadgen.py``, each measurement a separate process (see its
+docstring for the methods). Nothing is asserted; the figures are printed and saved with the
+machine they ran on and the 1-minute load average at start and end (the machine is shared).
+
+Measured, in one run (about 4 minutes; ``--quick``: about 1 minute, shorter and fewer points):
+
+* WebSocket ingestion throughput (samples/s acknowledged = durably logged) at d = 64 and 512 for
+  frames of 1, 16, 64, 256 samples (one connection, 32 frames in flight, the service's
+  ``OPML_WS_WINDOW``), plus d = 64 over 4 connections; the learner lag (ack -> applied) p50/p99 at
+  that rate, from ``WS /events?interval_ms=10`` (resolution ~10 ms, see loadgen);
+* REST single-sample latency p50/p99 at 500 requests/s offered (open loop, latency from the
+  scheduled send time), beside ``GET /livez`` at the same rate (the HTTP stack's floor); REST
+  batch throughput (256-sample batches, closed loop, 1 and 4 concurrent requests);
+* distance and verify latency p50/p99 at 1,000 requests/s offered (open loop), idle and while a
+  WebSocket ingestion runs flat out on the same model; one-to-many distance of one vector against
+  10,000 x 128 (latency per query, full-precision and 4-decimal JSON), beside the core's own time
+  for the same computation (and with the gallery pre-transformed);
+* service overhead ratio: WebSocket ingestion throughput / core ``learn_many`` throughput on the
+  same stream (same samples, same model config, batches of ``OPML_BATCH_MAX`` = 512), run here;
+* CPU per acknowledged sample of the service (event-loop thread, worker threads), redis-server
+  and the load generator (from ``/proc``), and a py-spy profile of the service under WebSocket
+  ingestion (d = 64, 64-sample frames) broken down by stage; Redis ``INFO commandstats``; the
+  fsync latency of the data dir's disk.
+
+Writes ``benchmarks/results/service_load{,_quick}.{md,json,png}`` (and ``service_profile.svg``,
+the py-spy flame graph, plus its collapsed stacks ``service_profile.txt``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
+from benchmarks.loadgen import pool_size, stream
+from service.core import Learner, LearnerConfig
+from service.storage.embedded import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+TARGETS = {
+    "ws64_throughput": 20_000.0,  # samples/s
+    "ws64_lag_p99_ms": 100.0,
+    "rest_one_p99_ms": 5.0,
+    "query_p99_ms": 5.0,
+    "gallery_ms": 5.0,
+}
+#: What the service is given: the contract's defaults except normalize (unit-norm stream).
+MODEL = {"normalize": "l2"}
+
+
+# -- the service under test ----------------------------------------------------------------
+
+
+@dataclass
+class Service:
+    """``python -m service`` on the embedded default, in a temporary data dir."""
+
+    tmp: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.tmp / "data"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def redis_pid(self) -> int | None:
+        try:
+            return int(json.loads((self.data_dir / "redis.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def redis_port(self) -> int | None:
+        try:
+            return int(json.loads((self.data_dir / "redis.json").read_text())["port"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def start(self) -> Service:
+        env = {
+            **os.environ,
+            "OPML_PORT": str(self.port),
+            "OPML_DATA_DIR": str(self.data_dir),
+            "OPML_LOG_LEVEL": "warning",
+        }
+        env.pop("OPML_REDIS_URL", None)
+        log = open(self.tmp / "service.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError((self.tmp / "service.log").read_text()[-3000:])
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError((self.tmp / "service.log").read_text()[-3000:])
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def create_model(client: httpx.Client, name: str, dim: int) -> dict[str, Any]:
+    client.delete(f"/v1/models/{name}")
+    r = client.post("/v1/models", json={"name": name, "dim": dim, **MODEL})
+    r.raise_for_status()
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def delete_model(client: httpx.Client, name: str) -> None:
+    client.delete(f"/v1/models/{name}", timeout=120)
+
+
+def learner_config(model: dict[str, Any]) -> LearnerConfig:
+    """The core config of a model body (so the core runs exactly what the service runs)."""
+    return LearnerConfig(
+        dim=model["dim"],
+        algorithm=model["algorithm"],
+        gamma=model["gamma"],
+        gamma_pair=model["gamma_pair"],
+        margin=model["margin"],
+        normalize=model["normalize"],
+        seed=model["seed"],
+        calibration_window=model["calibration_window"],
+    )
+
+
+# -- CPU accounting from /proc --------------------------------------------------------------
+
+
+def _stat_cpu(path: Path) -> float:
+    fields = path.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of (the main thread, every other thread) of ``pid``."""
+    main = other = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            cpu = _stat_cpu(task / "stat")
+        except (OSError, IndexError):
+            continue
+        if int(task.name) == pid:
+            main = cpu
+        else:
+            other += cpu
+    return main, other
+
+
+class CpuSampler:
+    """Samples CPU seconds of the service threads and redis-server every 0.1 s (a thread)."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.rows: list[tuple[float, float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self) -> None:
+        rpid = self.service.redis_pid()
+        try:
+            main, other = thread_cpu(self.service.pid)
+            redis_cpu = _stat_cpu(Path(f"/proc/{rpid}/stat")) if rpid else 0.0
+        except OSError:
+            return
+        self.rows.append((time.time(), main, other, redis_cpu))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            self._sample()
+
+    def __enter__(self) -> CpuSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def between(self, start: float, end: float) -> dict[str, float]:
+        """CPU seconds used in [start, end] (wall clock), interpolated between samples."""
+        if len(self.rows) < 2:
+            return {}
+        arr = np.array(self.rows)
+        out = {}
+        for i, key in ((1, "service_loop"), (2, "service_workers"), (3, "redis")):
+            out[key] = float(
+                np.interp(end, arr[:, 0], arr[:, i]) - np.interp(start, arr[:, 0], arr[:, i])
+            )
+        return out
+
+
+# -- running the load generator ---------------------------------------------------------------
+
+
+def loadgen(service: Service, kind: str, *args: str | int | float) -> dict[str, Any]:
+    """Run one ``benchmarks.loadgen`` measurement as a separate process; its JSON result."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    cmd = [sys.executable, "-m", "benchmarks.loadgen", kind, "--url", service.url,
+           "--out", str(out), *(str(a) for a in args)]  # fmt: skip
+    subprocess.run(cmd, cwd=ROOT, check=True)
+    result: dict[str, Any] = json.loads(out.read_text())
+    out.unlink()
+    return result
+
+
+def spawn_loadgen(service: Service, kind: str, out: Path, *args: str | int | float) -> Any:
+    cmd = [sys.executable, "-m", "benchmarks.loadgen", kind, "--url", service.url,
+           "--out", str(out), *(str(a) for a in args)]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT)
+
+
+def per_sample(cpu: dict[str, float], samples: float, generator_cpu: float) -> dict[str, float]:
+    """Microseconds of CPU per acknowledged sample, by process."""
+    if samples <= 0:
+        return {}
+    out = {k: v / samples * 1e6 for k, v in cpu.items()}
+    out["generator"] = generator_cpu / samples * 1e6
+    return out
+
+
+def service_cpu(r: dict[str, Any], cpu: CpuSampler) -> None:
+    """Add the service's CPU per answered request of an open-loop run (microseconds)."""
+    start, end = r["steady_wall"]
+    used = cpu.between(start, end + 0.5)  # + the tail of answers after the last send
+    r["cpu_util"] = {k: v / (end - start) for k, v in used.items()}
+    answered = max(r["ok"], 1)
+    r["service_cpu_us_per_request"] = (
+        (used.get("service_loop", 0) + used.get("service_workers", 0)) / answered * 1e6
+    )
+    r["redis_cpu_us_per_request"] = used.get("redis", 0) / answered * 1e6
+
+
+def wait_applied(client: httpx.Client, name: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = client.get(f"/v1/models/{name}").json()
+        if body["version"] >= body["logged_seq"]:
+            return
+        time.sleep(0.1)
+
+
+# -- measurements -----------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """Durations and points; ``--quick`` shrinks them."""
+
+    quick: bool
+    ws_seconds: float = 8.0
+    frames: tuple[int, ...] = (1, 16, 64, 256)
+    http_seconds: float = 10.0
+    batch_seconds: float = 6.0
+    query_seconds: float = 8.0
+    gallery_queries: int = 4
+    profile_seconds: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.ws_seconds, self.frames = 2.5, (1, 64, 256)
+            self.http_seconds = self.batch_seconds = self.query_seconds = 3.0
+            self.gallery_queries, self.profile_seconds = 2, 4.0
+
+
+def measure_ws(
+    service: Service, client: httpx.Client, cpu: CpuSampler, plan: Plan
+) -> list[dict[str, Any]]:
+    rows = []
+    points = [(d, f, 1) for d in (64, 512) for f in plan.frames] + [(64, 64, 4)]
+    for d, frame, conns in points:
+        name = f"ws{d}-f{frame}-c{conns}"
+        create_model(client, name, d)
+        drain = 10.0 if plan.quick else 20.0
+        r = loadgen(service, "ws", "--model", name, "--dim", d, "--frame", frame,
+                    "--connections", conns, "--seconds", plan.ws_seconds, "--events",
+                    "--drain", drain)  # fmt: skip
+        start, end = r["steady_wall"]
+        used = cpu.between(start, end)
+        r["cpu_us_per_sample"] = per_sample(
+            used,
+            r["throughput"] * (end - start),
+            r["generator_cpu_run_s"],
+        )
+        r["cpu_util"] = {k: v / (end - start) for k, v in used.items()}
+        delete_model(client, name)
+        rows.append(r)
+        lag = r.get("lag", {})
+        print(f"ws d={d} frame={frame} conns={conns}: {r['throughput']:.0f} samples/s, "
+              f"lag p50 {lag.get('p50_ms', float('nan')):.1f} ms p99 "
+              f"{lag.get('p99_ms', float('nan')):.1f} ms", flush=True)  # fmt: skip
+    return rows
+
+
+def measure_rest(
+    service: Service, client: httpx.Client, cpu: CpuSampler, plan: Plan
+) -> dict[str, Any]:
+    create_model(client, "rest64", 64)
+    out: dict[str, Any] = {}
+    out["livez"] = loadgen(service, "query", "--target", "livez", "--rate", 500,
+                           "--seconds", min(plan.http_seconds, 5.0))  # fmt: skip
+    out["one"] = loadgen(service, "rest-one", "--model", "rest64", "--dim", 64, "--rate", 500,
+                         "--seconds", plan.http_seconds)  # fmt: skip
+    service_cpu(out["livez"], cpu)
+    service_cpu(out["one"], cpu)
+    wait_applied(client, "rest64", 30)
+    out["batch"] = []
+    for conc in (1, 4):
+        r = loadgen(service, "rest-batch", "--model", "rest64", "--dim", 64, "--frame", 256,
+                    "--concurrency", conc, "--seconds", plan.batch_seconds)  # fmt: skip
+        start, end = r["steady_wall"]
+        used = cpu.between(start, end)
+        r["cpu_us_per_sample"] = per_sample(used, r["samples_acked"], r["generator_cpu_run_s"])
+        out["batch"].append(r)
+        wait_applied(client, "rest64", 30)
+    for key in ("livez", "one"):
+        lat = out[key]["latency"]
+        print(f"REST {key}: p50 {lat['p50_ms']:.2f} ms p99 {lat['p99_ms']:.2f} ms", flush=True)
+    for r in out["batch"]:
+        print(f"REST batch 256 x{r['concurrency']}: {r['throughput']:.0f} samples/s", flush=True)
+    delete_model(client, "rest64")
+    return out
+
+
+def measure_queries(
+    service: Service, client: httpx.Client, cpu: CpuSampler, plan: Plan, tmp: Path, rate: float
+) -> dict[str, Any]:
+    """Open-loop queries, idle and while WS ingestion runs at ``rate`` samples/s (paced)."""
+    create_model(client, "q64", 64)
+    loadgen(service, "rest-batch", "--model", "q64", "--dim", 64, "--frame", 256,
+            "--concurrency", 2, "--seconds", 1.0)  # fmt: skip
+    wait_applied(client, "q64", 30)
+    out: dict[str, Any] = {}
+    out["distance_idle"] = loadgen(service, "query", "--target", "distance", "--model", "q64",
+                                   "--dim", 64, "--rate", 1000,
+                                   "--seconds", min(plan.query_seconds, 5.0))  # fmt: skip
+    service_cpu(out["distance_idle"], cpu)
+    background = tmp / "background.json"  # a paced WS ingestion, as its own process
+    seconds = 2 * plan.query_seconds + 3.0
+    proc = spawn_loadgen(service, "ws", background, "--model", "q64", "--dim", 64, "--frame", 64,
+                         "--seconds", seconds, "--rate", round(rate))  # fmt: skip
+    time.sleep(1.5)
+    for target in ("distance", "verify"):
+        r = loadgen(service, "query", "--target", target, "--model", "q64", "--dim", 64,
+                    "--rate", 1000, "--seconds", plan.query_seconds)  # fmt: skip
+        service_cpu(r, cpu)
+        out[f"{target}_ingesting"] = r
+    proc.wait(seconds + 90)
+    out["background_ingestion"] = json.loads(background.read_text())
+    for key in ("distance_idle", "distance_ingesting", "verify_ingesting"):
+        lat = out[key]["latency"]
+        print(f"{key}: p50 {lat['p50_ms']:.2f} ms p99 {lat['p99_ms']:.2f} ms", flush=True)
+    print(f"background WS ingestion: {out['background_ingestion']['throughput']:.0f} samples/s",
+          flush=True)  # fmt: skip
+    delete_model(client, "q64")
+    return out
+
+
+def core_gallery(model: dict[str, Any], L: np.ndarray, seed: int = 0) -> dict[str, float]:
+    """The core's time for the same one-to-many query (and with a pre-transformed gallery)."""
+    rng = np.random.default_rng(seed + 2)
+    a = rng.normal(size=model["dim"])
+    B = rng.normal(size=(10_000, model["dim"]))
+    metric = Learner(learner_config(model))
+    metric.set_metric(L)
+    metric.squared_distances(a, B)
+
+    def best(fn: Any, reps: int = 15) -> float:
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return float(np.min(times)) * 1e3  # best of reps: BLAS timings swing on a shared box
+
+    Z = B @ L.T  # a gallery kept transformed (recomputed only when L changes)
+    za = L @ a
+    norms = np.einsum("ij,ij->i", Z, Z)  # kept with Z: ||L a - z||^2 = |za|^2 - 2 Z za + |z|^2
+    text = json.dumps({"a": a.tolist(), "b": B.tolist()}, separators=(",", ":"))
+    return {
+        "core_squared_distances_ms": best(lambda: metric.squared_distances(a, B)),
+        "core_pretransformed_ms": best(lambda: np.einsum("ij,ij->i", Z - za, Z - za)),
+        "core_pretransformed_gemv_ms": best(lambda: norms - 2 * (Z @ za) + za @ za),
+        "core_transform_gallery_ms": best(lambda: B @ L.T, reps=5),
+        "json_loads_ms": best(lambda: json.loads(text), reps=3),
+        "json_to_array_ms": best(lambda: np.asarray(json.loads(text)["b"]), reps=3),
+    }
+
+
+def measure_gallery(service: Service, client: httpx.Client, plan: Plan) -> dict[str, Any]:
+    model = create_model(client, "g128", 128)
+    loadgen(service, "rest-batch", "--model", "g128", "--dim", 128, "--frame", 256,
+            "--concurrency", 1, "--seconds", 1.0)  # fmt: skip
+    wait_applied(client, "g128", 30)
+    out: dict[str, Any] = {"runs": []}
+    for decimals in (-1, 4):
+        r = loadgen(service, "gallery", "--model", "g128", "--dim", 128,
+                    "--queries", plan.gallery_queries, "--decimals", decimals)  # fmt: skip
+        out["runs"].append(r)
+        print(f"gallery 10000x128 (decimals {r['decimals']}, {r['body_bytes'] / 1e6:.1f} MB): "
+              f"p50 {r['latency']['p50_ms']:.0f} ms", flush=True)  # fmt: skip
+    L = np.array(client.get("/v1/models/g128/metric").json()["L"])
+    out["core"] = core_gallery(model, L)
+    print(f"core: {out['core']}", flush=True)
+    delete_model(client, "g128")
+    return out
+
+
+def core_throughput(model: dict[str, Any], frame: int, n: int, batch: int = 512) -> float:
+    """Samples/s of ``learn_many`` on the stream the service got (same pool, same order)."""
+    d = model["dim"]
+    pool = pool_size(frame, d)
+    X, y = stream(pool, d)
+    reps = -(-n // pool)
+    Xs, ys = np.tile(X, (reps, 1))[:n], np.tile(y, reps)[:n]
+    labels = [str(v) for v in ys]
+    Learner(learner_config(model)).learn_many(Xs[:50], labels[:50])  # warm-up
+    learner = Learner(learner_config(model))
+    start = time.perf_counter()
+    for i in range(0, n, batch):
+        learner.learn_many(Xs[i : i + batch], labels[i : i + batch])
+    return n / (time.perf_counter() - start)
+
+
+def fsync_latency(directory: Path, n: int = 200) -> dict[str, float]:
+    """write(600 B) + fsync on the data dir's disk: the floor of one durable append."""
+    path = directory / "fsync-probe.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    times = []
+    try:
+        for _ in range(n):
+            start = time.perf_counter()
+            os.write(fd, b"x" * 600)
+            os.fsync(fd)
+            times.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        path.unlink()
+    ms = np.array(times) * 1e3
+    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
+
+
+# -- profile ------------------------------------------------------------------------------------
+
+#: Stage of a stack: the first rule whose marker appears in the stack (checked in this order).
+STAGES: list[tuple[str, tuple[str, ...]]] = [
+    ("learn_many (worker thread)", ("Learner.learn_many",)),
+    ("worker threads: waiting/bookkeeping", ("Thread._bootstrap",)),
+    ("frame JSON parsing (json.loads)", ("_parse (service/api/routes/stream.py",
+                                         "JSONDecoder")),
+    ("pydantic validation (StreamFrame)", ("model_validate", "pydantic")),
+    ("numpy conversion + checks (inputs.samples)", ("samples (service/models/inputs.py",)),
+    ("sample fingerprint (sha256)", ("fingerprint (service/models/inputs.py",)),
+    ("vector -> bytes (encode_vector)", ("encode_vector", "ModelService._append.<locals>")),
+    ("Lua append: redis-py call (pack, send, parse)", ("Store.append_samples",)),
+    ("writer: XRANGE read + RESP parsing", ("Store.read_tail",)),
+    ("writer: decode entries, np.stack", ("decode_vector", "ModelRuntime._apply")),
+    ("snapshot publishing", ("_publish",)),
+    ("checkpoints", ("_write_checkpoint",)),
+    ("WS ack send (json + framing)", ("send_json", "WebSocket.send")),
+    ("/events push", ("model_events",)),
+    ("metrics (prometheus)", ("telemetry", "prometheus_client")),
+    ("WS frame receive (protocol, queue)", ("receive_text", "websockets_sansio_impl",
+                                            "stream_samples")),
+    ("redis-py socket writes (wait_for tasks of both calls)", ("redis/asyncio",
+                                                               "redis/_parsers")),
+    ("event loop itself (uvloop/asyncio, C)", ("",)),
+]  # fmt: skip
+
+
+def classify(frames: list[str]) -> str:
+    text = ";".join(frames)
+    for stage, markers in STAGES:
+        if any(m in text for m in markers):
+            return stage
+    return STAGES[-1][0]
+
+
+def read_collapsed(path: Path) -> Counter[str]:
+    stages: Counter[str] = Counter()
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack:
+            continue
+        frames = stack.split(";")
+        leaf = frames[-1]
+        waiting = leaf.startswith(("_worker (concurrent/futures/thread.py:81)",
+                                   "Condition.wait", "Queue.get"))  # fmt: skip
+        stages["(idle waits, not CPU)" if waiting else classify(frames)] += int(count)
+    return stages
+
+
+def measure_profile(
+    service: Service, client: httpx.Client, cpu: CpuSampler, plan: Plan, tmp: Path
+) -> dict[str, Any]:
+    """py-spy on the service under WS ingestion (d = 64, 64-sample frames, one connection)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(spy).exists():
+        return {"error": "py-spy not installed (.venv/bin/pip install py-spy)"}
+    name = "prof64"
+    create_model(client, name, 64)
+    rport = service.redis_port()
+    rclient = None
+    if rport:
+        import redis
+
+        rclient = redis.Redis(port=rport)
+        rclient.config_resetstat()
+    seconds = plan.profile_seconds + 4.0
+    result_path = tmp / "profile-ws.json"
+    proc = spawn_loadgen(service, "ws", result_path, "--model", name, "--dim", 64, "--frame", 64,
+                         "--seconds", seconds)  # fmt: skip
+    time.sleep(2.0)
+    suffix = "_quick" if plan.quick else ""
+    raw, svg = tmp / "profile.txt", RESULTS_DIR / f"service_profile{suffix}.svg"
+    rate = 100
+    spies = [
+        subprocess.Popen([spy, "record", "--pid", str(service.pid), "--rate", str(rate),
+                          "--duration", str(int(plan.profile_seconds)), "--threads",
+                          "--nonblocking", "--format", fmt, "-o", str(path)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        for fmt, path in (("raw", raw), ("flamegraph", svg))
+    ]  # fmt: skip
+    t0 = time.time()
+    seq0 = client.get(f"/v1/models/{name}").json()["logged_seq"]
+    errors = [p.communicate(timeout=plan.profile_seconds + 60)[1].decode() for p in spies]
+    t1 = time.time()
+    seq1 = client.get(f"/v1/models/{name}").json()["logged_seq"]
+    proc.wait(seconds + 90)
+    commandstats: dict[str, Any] = {}
+    if rclient is not None:
+        commandstats = {k: v for k, v in rclient.info("commandstats").items()
+                        if k in ("cmdstat_evalsha", "cmdstat_xrange", "cmdstat_exec",
+                                 "cmdstat_hmget")}  # fmt: skip
+        rclient.close()
+    ws = json.loads(result_path.read_text())
+    delete_model(client, name)
+    if not raw.exists():
+        return {"error": "py-spy could not attach: " + " | ".join(errors)[-500:]}
+    shutil.copy(raw, RESULTS_DIR / f"service_profile{suffix}.txt")
+    samples = seq1 - seq0
+    stages = read_collapsed(raw)
+    used = cpu.between(t0, t1)
+    breakdown = [
+        {"stage": stage, "py_spy_samples": n, "us_per_sample": n / rate / samples * 1e6,
+         "share": n / sum(stages.values())}
+        for stage, n in stages.most_common()
+    ]  # fmt: skip
+    return {
+        "samples_acked": samples,
+        "seconds": t1 - t0,
+        "throughput_under_profiler": samples / (t1 - t0),
+        "throughput_loadgen": ws["throughput"],
+        "rate_hz": rate,
+        "breakdown": breakdown,
+        "cpu_us_per_sample": per_sample(used, samples, 0.0)
+        | {"generator": ws["generator_cpu_run_s"] / max(ws["samples_acked"], 1) * 1e6},
+        "cpu_util": {k: v / (t1 - t0) for k, v in used.items()},
+        "redis_commandstats": commandstats,
+        "frames_per_s": samples / 64 / (t1 - t0),
+    }
+
+
+# -- report -------------------------------------------------------------------------------------
+
+
+def _f(value: float | None, digits: int = 1) -> str:
+    if value is None or not np.isfinite(value):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def verdict(value: float, target: float, higher_is_better: bool) -> str:
+    if not np.isfinite(value):
+        return "-"
+    ok = value >= target if higher_is_better else value <= target
+    ratio = value / target
+    return f"{ratio:.2f}x of target, {'met' if ok else 'MISSED'}"
+
+
+def report(data: dict[str, Any], quick: bool) -> str:
+    ws = data["ws"]
+    best = {d: max((r for r in ws if r["dim"] == d and r["connections"] == 1),
+                   key=lambda r: r["throughput"]) for d in (64, 512)}  # fmt: skip
+    rest = data["rest"]
+    q = data["queries"]
+    gal = data["gallery"]
+    core = data["core"]
+    g_full = gal["runs"][0]
+    lines = [
+        "# Service load: ingestion, queries, overhead (embedded Redis, appendfsync always)",
+        "",
+        "Generated by `benchmarks/service_load.py`; do not edit by hand. Command (repository "
+        "root):",
+        "",
+        f"    {data['command']}",
+        "",
+        machine_block(data["machine"]),
+        f"- Load average (1, 5, 15 min) at start: {data['load_start']}, at end: "
+        f"{data['load_end']}; wall time {data['wall_s']:.0f} s"
+        + (" (**--quick**: short smoke run, indicative only)" if quick else ""),
+        f"- fsync (600 B append) on the data dir's disk: p50 {data['fsync']['p50_ms']:.2f} ms, "
+        f"p99 {data['fsync']['p99_ms']:.2f} ms",
+        "",
+        "The service, its redis-server and the load generator (a separate process) share the 2 "
+        "cores. Model: the contract's defaults (`copml`, gamma 1e-3, margin 1) with "
+        "`normalize: l2`; stream: unit-norm Gaussian vectors, 10 classes cycling.",
+        "",
+        "## Against the targets of issue 7",
+        "",
+        "| measurement | figure | target | verdict |",
+        "|---|---|---|---|",
+    ]
+    keeping_up = [
+        r
+        for r in ws
+        if r["dim"] == 64 and r["connections"] == 1 and r.get("lag", {}).get("p99_ms", 1e9) < 100
+    ]
+    if keeping_up:
+        r = max(keeping_up, key=lambda r: r["throughput"])
+        lines.append(
+            f"| WS d = 64, fastest frame size whose learner lag p99 stays < 100 ms (frame "
+            f"{r['frame']}) | {_f(r['throughput'], 0)} samples/s, lag p99 "
+            f"{_f(r['lag']['p99_ms'])} ms | >= 20,000 | "
+            f"{verdict(r['throughput'], TARGETS['ws64_throughput'], True)} |"
+        )
+    for d in (64, 512):
+        r = best[d]
+        target = TARGETS["ws64_throughput"] if d == 64 else None
+        lines.append(
+            f"| WS durable ingestion, d = {d} (best frame size: {r['frame']}) | "
+            f"{_f(r['throughput'], 0)} samples/s | {'>= 20,000' if target else '-'} | "
+            f"{verdict(r['throughput'], target, True) if target else '-'} |"
+        )
+        lag = r.get("lag", {})
+        lines.append(
+            f"| learner lag (ack -> applied) at that rate, d = {d} | p50 "
+            f"{_f(lag.get('p50_ms'))} ms, p99 {_f(lag.get('p99_ms'))} ms | "
+            f"{'p99 < 100 ms' if d == 64 else '-'} | "
+            f"{verdict(lag.get('p99_ms', float('nan')), 100.0, False) if d == 64 else '-'} |"
+        )
+    one = rest["one"]["latency"]
+    lines.append(
+        f"| REST single sample at 500 req/s offered (achieved "
+        f"{rest['one']['achieved_rate']:.0f}) | p50 {_f(one['p50_ms'], 2)} ms, p99 "
+        f"{_f(one['p99_ms'], 2)} ms | p99 < 5 ms | {verdict(one['p99_ms'], 5.0, False)} |"
+    )
+    bb = max(rest["batch"], key=lambda r: r["throughput"])
+    lines.append(
+        f"| REST batch throughput (256 per request, {bb['concurrency']} in flight) | "
+        f"{_f(bb['throughput'], 0)} samples/s | - | - |"
+    )
+    for key, label in (("distance_ingesting", "distance"), ("verify_ingesting", "verify")):
+        lat = q[key]["latency"]
+        lines.append(
+            f"| {label} at 1,000 req/s offered during ingestion | p50 {_f(lat['p50_ms'], 2)} ms,"
+            f" p99 {_f(lat['p99_ms'], 2)} ms | p99 < 5 ms | {verdict(lat['p99_ms'], 5.0, False)}"
+            " |"
+        )
+    lines.append(
+        f"| one-to-many distance, 10,000 x 128 (service, JSON {g_full['body_bytes'] / 1e6:.0f} "
+        f"MB body) | {_f(g_full['latency']['p50_ms'], 0)} ms per query | < 5 ms | "
+        f"{verdict(g_full['latency']['p50_ms'], 5.0, False)} |"
+    )
+    lines.append(
+        f"| same, core `squared_distances` alone / gallery pre-transformed | "
+        f"{_f(gal['core']['core_squared_distances_ms'], 2)} ms / "
+        f"{_f(gal['core']['core_pretransformed_ms'], 2)} ms | < 5 ms | "
+        f"{verdict(gal['core']['core_squared_distances_ms'], 5.0, False)} |"
+    )
+    for d in (64, 512):
+        ratio = best[d]["throughput"] / core[str(d)]["samples_per_s"]
+        lines.append(
+            f"| service overhead ratio, d = {d}: WS throughput / core `learn_many` "
+            f"({_f(core[str(d)]['samples_per_s'], 0)} samples/s, same stream) | {ratio:.3f} | "
+            "- | - |"
+        )
+    lines += [
+        "",
+        "## WebSocket ingestion by frame size",
+        "",
+        "One connection (unless stated), at most 32 unacknowledged frames (= `OPML_WS_WINDOW`). "
+        "Throughput counts samples acknowledged (durable) after a warm-up. Lag: ack received -> "
+        "first `/events` frame (every >= 10 ms) whose `version` covers the ack's `last_seq`; an "
+        "upper bound, late by 0-10 ms. CPU: microseconds per acknowledged sample (event-loop "
+        "thread / worker threads of the service, redis-server, load generator). Event-loop "
+        "ceiling: 1 s / loop CPU per sample, the rate at which the service's single event-loop "
+        "thread would be 100 % busy (a whole core to itself).",
+        "",
+        "| d | frame | conns | samples/s | frames/s | frame RTT p50 / p99 (ms) | lag p50 / p99 "
+        "(ms) | catch-up after stop (s) | CPU us/sample: loop / workers / redis / generator | "
+        "event-loop ceiling (samples/s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in ws:
+        lag = r.get("lag", {})
+        c = r.get("cpu_us_per_sample", {})
+        catch = r.get("catch_up_s")
+        lines.append(
+            f"| {r['dim']} | {r['frame']} | {r['connections']} | {_f(r['throughput'], 0)} | "
+            f"{_f(r['frames_per_s'], 0)} | {_f(r['frame_rtt'].get('p50_ms'))} / "
+            f"{_f(r['frame_rtt'].get('p99_ms'))} | {_f(lag.get('p50_ms'))} / "
+            f"{_f(lag.get('p99_ms'))}"
+            + (f" ({r['lag_unapplied']} acks not applied in time)" if r.get("lag_unapplied")
+               else "")
+            + f" | {_f(catch, 2) if catch is not None else 'not caught up'} | "
+            f"{_f(c.get('service_loop'), 0)} / {_f(c.get('service_workers'), 0)} / "
+            f"{_f(c.get('redis'), 0)} / {_f(c.get('generator'), 0)} | "
+            f"{_f(1e6 / c['service_loop'], 0) if c.get('service_loop') else '-'} |"
+        )  # fmt: skip
+    lines += [
+        "",
+        "## REST and queries (open loop: fixed timetable, latency from the scheduled time)",
+        "",
+        "| what | offered / answered (req/s) | p50 (ms) | p90 | p99 | p99.9 | max | generator "
+        "lateness p99 (ms) | non-2xx | service CPU per request (us) | service CPU (cores) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, r in (
+        ("`GET /livez` (HTTP stack floor)", rest["livez"]),
+        ("REST single sample (202 = durable)", rest["one"]),
+        ("distance, idle", q["distance_idle"]),
+        ("distance, during WS ingestion", q["distance_ingesting"]),
+        ("verify, during WS ingestion", q["verify_ingesting"]),
+    ):
+        lat = r["latency"]
+        bad = r["requests"] - r["ok"]
+        lines.append(
+            f"| {label} | {r['offered_rate']:.0f} / {r['achieved_rate']:.0f} | "
+            f"{_f(lat['p50_ms'], 2)} | {_f(lat['p90_ms'], 2)} | {_f(lat['p99_ms'], 2)} | "
+            f"{_f(lat['p999_ms'], 2)} | {_f(lat['max_ms'], 1)} | "
+            f"{_f(r['lateness']['p99_ms'], 2)} | {bad} | "
+            f"{_f(r.get('service_cpu_us_per_request'), 0)} | "
+            f"{_f(sum(v for k, v in r.get('cpu_util', {}).items() if k != 'redis'), 2)} |"
+        )
+    bg = q["background_ingestion"]
+    lines += [
+        "",
+        f"Background ingestion during the queries: {_f(bg['throughput'], 0)} samples/s "
+        f"acknowledged, paced at {_f(bg['offered_rate'], 0)} samples/s offered (half the best "
+        "d = 64 WS throughput above; d = 64, 64-sample frames, one connection).",
+        "",
+        "REST batches (closed loop, 256 samples per request):",
+        "",
+        "| in flight | samples/s | request p50 / p99 (ms) | CPU us/sample: loop / workers / "
+        "redis / generator |",
+        "|---|---|---|---|",
+    ]
+    for r in rest["batch"]:
+        c = r.get("cpu_us_per_sample", {})
+        lines.append(
+            f"| {r['concurrency']} | {_f(r['throughput'], 0)} | {_f(r['latency']['p50_ms'])} / "
+            f"{_f(r['latency']['p99_ms'])} | {_f(c.get('service_loop'), 0)} / "
+            f"{_f(c.get('service_workers'), 0)} / {_f(c.get('redis'), 0)} / "
+            f"{_f(c.get('generator'), 0)} |"
+        )
+    lines += [
+        "",
+        "## One-to-many distance, 10,000 x 128",
+        "",
+        "| path | per query (ms) |",
+        "|---|---|",
+    ]
+    for r in gal["runs"]:
+        digits = "full float64 repr" if r["decimals"] is None else f"{r['decimals']} decimals"
+        lines.append(
+            f"| service, JSON body {r['body_bytes'] / 1e6:.1f} MB ({digits}), p50 of "
+            f"{r['latency']['n']} | {_f(r['latency']['p50_ms'], 0)} |"
+        )
+    c = gal["core"]
+    lines += [
+        f"| core `Learner.squared_distances(a, B)` (best of 15, as all core rows) | "
+        f"{_f(c['core_squared_distances_ms'], 2)} |",
+        f"| core, gallery kept transformed (`Z = B L^T` cached; `||L a - z_i||^2`) | "
+        f"{_f(c['core_pretransformed_ms'], 2)} |",
+        f"| core, gallery kept transformed with its row norms (one GEMV: "
+        f"`|L a|^2 - 2 Z L a + |z_i|^2`) | {_f(c.get('core_pretransformed_gemv_ms'), 2)} |",
+        f"| (re-)transforming the gallery, `B L^T`, once per new `L` | "
+        f"{_f(c.get('core_transform_gallery_ms'), 2)} |",
+        f"| `json.loads` of the full-precision body alone (this process) | "
+        f"{_f(c['json_loads_ms'], 0)} |",
+        f"| `json.loads` + `np.asarray` of the gallery | {_f(c['json_to_array_ms'], 0)} |",
+    ]
+    prof = data.get("profile")
+    if prof and "breakdown" in prof:
+        lines += [
+            "",
+            "## Where the time goes (py-spy, WS ingestion d = 64, 64-sample frames)",
+            "",
+            f"{prof['samples_acked']:,} samples acknowledged in {prof['seconds']:.1f} s under "
+            f"the profiler ({_f(prof['throughput_under_profiler'], 0)} samples/s; "
+            f"{_f(prof['frames_per_s'], 0)} frames/s). CPU per acknowledged sample (/proc): "
+            + ", ".join(f"{k} {_f(v, 0)} us" for k, v in prof["cpu_us_per_sample"].items())
+            + "; utilisation (cores): "
+            + ", ".join(f"{k} {v:.2f}" for k, v in prof["cpu_util"].items())
+            + ". Service stages (py-spy at "
+            f"{prof['rate_hz']} Hz, all threads, idle excluded; us of thread time per "
+            "acknowledged sample):",
+            "",
+            "| stage | us / sample (py-spy) | scaled to /proc CPU | share |",
+            "|---|---|---|---|",
+        ]
+        busy = [b for b in prof["breakdown"] if not b["stage"].startswith("(idle")]
+        spy_total = sum(b["us_per_sample"] for b in busy)
+        cpu = prof["cpu_us_per_sample"]
+        proc_total = cpu.get("service_loop", 0.0) + cpu.get("service_workers", 0.0)
+        scale = proc_total / spy_total if spy_total else float("nan")
+        for b in busy:
+            lines.append(
+                f"| {b['stage']} | {_f(b['us_per_sample'])} | {_f(b['us_per_sample'] * scale)} | "
+                f"{b['us_per_sample'] / spy_total:.1%} |"
+            )
+        lines += [
+            f"| **total** | {_f(spy_total)} | {_f(proc_total)} | 100% |",
+            "",
+            f"py-spy counts a thread that is runnable but waiting for a CPU as busy (the machine "
+            f"is shared), so its total exceeds the CPU the kernel accounted to the service "
+            f"threads; the third column scales the stages to the /proc figure (x{scale:.2f}).",
+        ]
+        stats = prof.get("redis_commandstats", {})
+        if stats:
+            lines += ["", "Redis `INFO commandstats` during the profile:", ""]
+            for k, v in stats.items():
+                lines.append(
+                    f"- `{k[8:]}`: {v['calls']} calls, {v['usec_per_call']:.1f} us per call "
+                    "(execution only; the AOF write + fsync happen after it, before the reply)"
+                )
+        lines += ["", "Flame graph: `service_profile.svg`; collapsed stacks: "
+                  "`service_profile.txt`."]  # fmt: skip
+    elif prof:
+        lines += ["", f"Profile: {prof.get('error')}"]
+    lines += ["", "![service load](service_load" + ("_quick" if quick else "") + ".png)", ""]
+    return "\n".join(lines)
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    ax = axes[0][0]
+    ws = [r for r in data["ws"] if r["connections"] == 1]
+    frames = sorted({r["frame"] for r in ws})
+    width = 0.38
+    for k, d in enumerate((64, 512)):
+        vals = [next((r["throughput"] for r in ws if r["dim"] == d and r["frame"] == f), 0.0)
+                for f in frames]  # fmt: skip
+        xs = np.arange(len(frames)) + (k - 0.5) * width
+        ax.bar(xs, vals, width, label=f"service WS, d = {d}")
+        ax.axhline(data["core"][str(d)]["samples_per_s"], ls=":", color=f"C{k}",
+                   label=f"core learn_many, d = {d}")  # fmt: skip
+    ax.axhline(TARGETS["ws64_throughput"], color="red", ls="--", label="target d = 64")
+    ax.set_xticks(np.arange(len(frames)), [str(f) for f in frames])
+    ax.set_yscale("log")
+    ax.set_xlabel("samples per WS frame")
+    ax.set_ylabel("durable samples/s")
+    ax.set_title("WebSocket ingestion throughput (1 connection)")
+    ax.legend(fontsize=7)
+
+    def ccdf(ax: Any, summary: dict[str, Any], label: str) -> None:
+        if not summary.get("cdf"):
+            return
+        pts = np.array(summary["cdf"])
+        ax.plot(pts[:, 1], np.maximum(1 - pts[:, 0], 1e-4), label=label)
+
+    ax = axes[0][1]
+    for r in data["ws"]:
+        if "lag" in r:
+            ccdf(ax, r["lag"], f"d={r['dim']} frame={r['frame']} c={r['connections']}")
+    ax.axvline(TARGETS["ws64_lag_p99_ms"], color="red", ls="--", label="target p99 (d=64)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("learner lag, ack -> applied (ms)")
+    ax.set_ylabel("fraction above (1 - CDF)")
+    ax.set_title("Learner lag at the measured rates")
+    ax.legend(fontsize=6)
+
+    ax = axes[1][0]
+    rest, q = data["rest"], data["queries"]
+    for label, r in (("GET /livez @500/s", rest["livez"]), ("REST 1 sample @500/s", rest["one"]),
+                     ("distance idle @1000/s", q["distance_idle"]),
+                     ("distance + ingestion @1000/s", q["distance_ingesting"]),
+                     ("verify + ingestion @1000/s", q["verify_ingesting"])):  # fmt: skip
+        ccdf(ax, r["latency"], label)
+    ax.axvline(5.0, color="red", ls="--", label="target p99 5 ms")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("latency from scheduled send (ms)")
+    ax.set_ylabel("fraction above (1 - CDF)")
+    ax.set_title("Open-loop HTTP latency")
+    ax.legend(fontsize=7)
+
+    ax = axes[1][1]
+    prof = data.get("profile", {})
+    if "breakdown" in prof:
+        rows = [b for b in prof["breakdown"] if b["stage"] != "(idle waits, not CPU)"][::-1]
+        ax.barh([b["stage"] for b in rows], [b["us_per_sample"] for b in rows])
+        ax.set_xlabel("us of service thread time per acknowledged sample")
+        ax.set_title("Service profile, WS d = 64, 64-sample frames (py-spy)")
+        ax.tick_params(axis="y", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a ~1 minute smoke run")
+    parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
+    parser.add_argument(
+        "--wait-load", type=float, default=0.0,
+        help="first wait (up to 5 min) until the 1-minute load average is below this",
+    )  # fmt: skip
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="re-render the .md and .png from the saved .json (no measurement)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    suffix = "_quick" if args.quick else ""
+    if args.report_only:
+        data = json.loads((RESULTS_DIR / f"service_load{suffix}.json").read_text())
+        (RESULTS_DIR / f"service_load{suffix}.md").write_text(report(data, args.quick))
+        plot(data, RESULTS_DIR / f"service_load{suffix}.png")
+        return
+    if args.wait_load:
+        deadline = time.monotonic() + 300
+        while os.getloadavg()[0] >= args.wait_load and time.monotonic() < deadline:
+            time.sleep(5)
+    plan = Plan(quick=args.quick)
+    started = time.monotonic()
+    data: dict[str, Any] = {"load_start": [round(v, 2) for v in os.getloadavg()],
+                            "quick": args.quick}  # fmt: skip
+    RESULTS_DIR.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="opml-load-") as tmp_name:
+        tmp = Path(tmp_name)
+        service = Service(tmp).start()
+        try:
+            data["fsync"] = fsync_latency(service.data_dir)
+            with httpx.Client(base_url=service.url, timeout=60) as client, \
+                    CpuSampler(service) as cpu:  # fmt: skip
+                data["ws"] = measure_ws(service, client, cpu, plan)
+                data["rest"] = measure_rest(service, client, cpu, plan)
+                best64 = max(
+                    r["throughput"] for r in data["ws"] if r["dim"] == 64 and r["connections"] == 1
+                )
+                data["queries"] = measure_queries(service, client, cpu, plan, tmp, best64 / 2)
+                data["gallery"] = measure_gallery(service, client, plan)
+                if not args.no_profile:
+                    data["profile"] = measure_profile(service, client, cpu, plan, tmp)
+                model = create_model(client, "core-config", 64)
+                delete_model(client, "core-config")
+        finally:
+            service.stop()
+    data["core"] = {}
+    for d in (64, 512):
+        best = max((r for r in data["ws"] if r["dim"] == d and r["connections"] == 1),
+                   key=lambda r: r["throughput"])  # fmt: skip
+        n = 20_000 if d == 64 else 3_000
+        rate = core_throughput({**model, "dim": d}, best["frame"], n // (4 if args.quick else 1))
+        data["core"][str(d)] = {"samples_per_s": rate, "us_per_sample": 1e6 / rate,
+                                "frame_of_stream": best["frame"]}  # fmt: skip
+        print(f"core learn_many d={d}: {rate:.0f} samples/s", flush=True)
+    data["load_end"] = [round(v, 2) for v in os.getloadavg()]
+    data["wall_s"] = time.monotonic() - started
+    data["machine"] = machine_info()
+    data["command"] = command_line("benchmarks.service_load")
+    text = report(data, args.quick)
+    print(text)
+    (RESULTS_DIR / f"service_load{suffix}.md").write_text(text)
+    (RESULTS_DIR / f"service_load{suffix}.json").write_text(json.dumps(data, indent=1))
+    plot(data, RESULTS_DIR / f"service_load{suffix}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""Soak: stream at a fixed rate for N minutes; watch memory, the log and the lag.
+
+Starts ``python -m service`` on the embedded default (its own redis-server, AOF, ``appendfsync
+always``) in a temporary data dir, creates one model and POSTs batches at a fixed rate, each
+with its own ``Idempotency-Key`` (as a retrying client would; the service keeps those records
+for ``OPML_IDEMPOTENCY_TTL_S``, here 60 s, so their memory reaches its plateau after a minute).
+Every ``--every`` seconds it records the service's RSS (``/proc/<pid>/status``), Redis
+``used_memory``, the log length (``XLEN``: trimmed behind each checkpoint), the idempotency
+records and the ingestion lag (``logged_seq - version``).
+
+The bar: after warm-up (``--warmup`` minutes) memory grows by at most 5 %: the mean of the last
+``--window`` minutes against the mean of the first ``--window`` minutes after warm-up, for RSS and
+Redis memory (means over whole checkpoint cycles: the log is a sawtooth, trimmed at each
+checkpoint). The log and the idempotency records must stay under their design bounds:
+``OPML_CHECKPOINT_EVERY + OPML_BATCH_MAX`` entries, and requests/s x retention records (+5 %).
+
+    .venv/bin/python -m benchmarks.soak --minutes 10
+
+Writes ``benchmarks/results/soak.{md,json,png}``. Not a test: it takes minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import redis
+
+from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
+from service.storage.embedded import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+BAR = 0.05
+IDEMPOTENCY_TTL_S = 60
+#: The service's defaults: a checkpoint after 10000 samples, batches of 512 entries.
+LOG_BOUND = 10_000 + 512
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def start_service(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "OPML_PORT": str(port),
+        "OPML_DATA_DIR": str(data_dir),
+        "OPML_LOG_LEVEL": "warning",
+        "OPML_IDEMPOTENCY_TTL_S": str(IDEMPOTENCY_TTL_S),
+    }
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"service not ready; see {log_path}")
+
+
+def sender(
+    url: str, args: argparse.Namespace, stop: threading.Event, stats: dict[str, int]
+) -> None:
+    """POST ``--batch`` samples every ``batch / rate`` seconds on a fixed schedule."""
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(args.classes, args.dim)) * 2
+    period = args.batch / args.rate
+    next_at = time.monotonic()
+    with httpx.Client(base_url=url, timeout=30) as client:
+        k = 0
+        while not stop.is_set():
+            labels = rng.integers(args.classes, size=args.batch)
+            X = centers[labels] + rng.normal(size=(args.batch, args.dim))
+            rows = zip(X, labels, strict=True)
+            body = {"samples": [{"x": x.tolist(), "y": int(c)} for x, c in rows]}
+            response = client.post(
+                "/v1/models/soak/samples", json=body, headers={"Idempotency-Key": f"soak-{k}"}
+            )
+            stats["accepted" if response.status_code == 202 else "failed"] += 1
+            k += 1
+            next_at += period
+            delay = next_at - time.monotonic()
+            if delay > 0:
+                stop.wait(delay)
+            else:
+                stats["late"] += 1
+
+
+def growth(t: np.ndarray, v: np.ndarray, start: float, window: float, how: str) -> float:
+    """Relative change of ``how`` (mean or max) of the last window vs the first after start."""
+    first = v[(t >= start) & (t < start + window)]
+    last = v[t >= t[-1] - window]
+    agg = np.mean if how == "mean" else np.max
+    base = float(agg(first))
+    return float(agg(last)) / base - 1 if base else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--rate", type=float, default=400, help="samples per second")
+    parser.add_argument("--batch", type=int, default=20, help="samples per request")
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--classes", type=int, default=20)
+    parser.add_argument("--every", type=float, default=5, help="seconds between measurements")
+    parser.add_argument("--warmup", type=float, default=3, help="minutes not judged")
+    parser.add_argument("--window", type=float, default=3, help="minutes averaged at each end")
+    args = parser.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="opml-soak-"))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = start_service(tmp / "data", port, tmp / "service.log")
+    redis_port = json.loads((tmp / "data" / "redis.json").read_text())["port"]
+    rdb = redis.Redis(port=redis_port)
+    httpx.post(f"{url}/v1/models", json={"name": "soak", "dim": args.dim, "gamma": 0.01})
+
+    stop = threading.Event()
+    stats = {"accepted": 0, "failed": 0, "late": 0}
+    thread = threading.Thread(target=sender, args=(url, args, stop, stats), daemon=True)
+    rows: list[dict[str, float]] = []
+    began = time.monotonic()
+    thread.start()
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            while (elapsed := time.monotonic() - began) < args.minutes * 60:
+                model = client.get("/v1/models/soak").json()
+                rows.append(
+                    {
+                        "t_s": round(elapsed, 2),
+                        "rss_mb": rss_bytes(proc.pid) / 2**20,
+                        "redis_used_mb": int(rdb.info("memory")["used_memory"]) / 2**20,
+                        "log_entries": int(rdb.xlen("opml:{soak}:log")),
+                        "idempotency_records": int(rdb.hlen("opml:{soak}:idem")),
+                        "logged_seq": model["logged_seq"],
+                        "lag": model["logged_seq"] - model["version"],
+                    }
+                )
+                print(json.dumps(rows[-1]), flush=True)
+                time.sleep(args.every)
+    finally:
+        stop.set()
+        thread.join(30)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+    t = np.array([r["t_s"] for r in rows])
+    start, window = args.warmup * 60, args.window * 60
+    judged = {
+        "rss_mb": growth(t, np.array([r["rss_mb"] for r in rows]), start, window, "mean"),
+        "redis_used_mb": growth(
+            t, np.array([r["redis_used_mb"] for r in rows]), start, window, "mean"
+        ),
+    }
+    after = [r for r in rows if r["t_s"] >= start]
+    bounds = {
+        "log_entries": (max(r["log_entries"] for r in after), LOG_BOUND),
+        "idempotency_records": (
+            max(r["idempotency_records"] for r in after),
+            args.rate / args.batch * IDEMPOTENCY_TTL_S * (1 + BAR),
+        ),
+    }
+    passed = all(g <= BAR for g in judged.values()) and all(
+        peak <= bound for peak, bound in bounds.values()
+    )
+    info = machine_info()
+    result: dict[str, Any] = {
+        "command": command_line("benchmarks.soak"),
+        "machine": info,
+        "settings": vars(args),
+        "requests": stats,
+        "samples_sent": stats["accepted"] * args.batch,
+        "growth_after_warmup": judged,
+        "peak_and_bound_after_warmup": bounds,
+        "bar": BAR,
+        "passed": passed,
+        "series": rows,
+    }
+    RESULTS_DIR.mkdir(exist_ok=True)
+    (RESULTS_DIR / "soak.json").write_text(json.dumps(result, indent=1))
+    write_markdown(result, rows, judged, bounds, passed)
+    plot(rows, start)
+    print(f"growth after warm-up: {judged}; peaks/bounds: {bounds}; passed={passed}")
+
+
+def write_markdown(
+    result: dict[str, Any],
+    rows: list[dict[str, float]],
+    judged: dict[str, float],
+    bounds: dict[str, tuple[float, float]],
+    passed: bool,
+) -> None:
+    s = result["settings"]
+    first, last = rows[0], rows[-1]
+    lines = [
+        "# Soak: fixed-rate ingestion against the embedded default",
+        "",
+        f"`{result['command']}`",
+        "",
+        machine_block(result["machine"]),
+        "",
+        f"{s['minutes']:g} min at {s['rate']:g} samples/s ({s['batch']} per POST, each with an "
+        f"Idempotency-Key, retention 60 s), d = {s['dim']}, {s['classes']} classes; "
+        f"{result['samples_sent']} samples acknowledged, {result['requests']['failed']} failed "
+        f"requests, {result['requests']['late']} sends behind schedule.",
+        "",
+        "| series | first | last | min | max |",
+        "|---|---|---|---|---|",
+    ]
+    for key in ("rss_mb", "redis_used_mb", "log_entries", "idempotency_records", "lag"):
+        values = [r[key] for r in rows]
+        lines.append(
+            f"| {key} | {first[key]:.4g} | {last[key]:.4g} | {min(values):.4g} | "
+            f"{max(values):.4g} |"
+        )
+    lines += [
+        "",
+        f"Growth after the {s['warmup']:g}-minute warm-up (last {s['window']:g} min vs the first "
+        f"{s['window']:g} min after warm-up; bar {BAR:.0%}):",
+        "",
+        "| series | growth |",
+        "|---|---|",
+        *(f"| {k} | {v:+.2%} |" for k, v in judged.items()),
+        "",
+        "Bounded by design (peak after warm-up vs the bound):",
+        "",
+        "| series | peak | bound |",
+        "|---|---|---|",
+        *(f"| {k} | {peak:.0f} | {bound:.0f} |" for k, (peak, bound) in bounds.items()),
+        "",
+        f"**{'PASS' if passed else 'FAIL'}**: "
+        + (
+            "no growth beyond 5 % after warm-up; log and idempotency records within bounds."
+            if passed
+            else "growth beyond 5 % or a bound exceeded."
+        ),
+        "",
+        "![soak](soak.png)",
+        "",
+    ]
+    (RESULTS_DIR / "soak.md").write_text("\n".join(lines))
+
+
+def plot(rows: list[dict[str, float]], warmup_s: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    minutes = [r["t_s"] / 60 for r in rows]
+    panels = [
+        ("rss_mb", "service RSS (MiB)"),
+        ("redis_used_mb", "Redis used_memory (MiB)"),
+        ("log_entries", "log entries (XLEN)"),
+        ("lag", "lag (logged - applied)"),
+    ]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 9), sharex=True)
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        ax.plot(minutes, [r[key] for r in rows], lw=1.2)
+        ax.axvspan(0, warmup_s / 60, color="0.9", label="warm-up")
+        ax.set_ylabel(title, fontsize=8)
+        ax.set_ylim(bottom=0)
+    axes[0].legend(loc="lower right", fontsize=8)
+    axes[-1].set_xlabel("minutes")
+    fig.suptitle("opml-service soak (embedded Redis)")
+    fig.tight_layout()
+    fig.savefig(RESULTS_DIR / "soak.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
