@@ -26,7 +26,6 @@ import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +34,7 @@ from redis.exceptions import RedisError
 
 from service import telemetry
 from service.config import Settings
-from service.core import Calibration, Learner, LearnerConfig, StepResult
+from service.core import Calibration, Learner, LearnerConfig, StepResult, StepResults
 from service.storage.codec import (
     DTYPE,
     StreamId,
@@ -305,7 +304,24 @@ class ModelRuntime:
 
     async def _apply(self, entries: list[tuple[StreamId, dict[bytes, bytes]]]) -> None:
         started = time.perf_counter()
+        # Decoding, learning and building the snapshot all run in the worker thread (the
+        # compiled kernel releases the GIL), so the event loop stays free for ingestion and
+        # queries; only the bookkeeping below runs on it.
+        runs, snapshot = await asyncio.to_thread(self._apply_entries, entries)
+        for run, results in runs:
+            self._record(run, results)
+        self._since_checkpoint += len(entries)
+        if self._dirty_since is None:
+            self._dirty_since = time.monotonic()
+        self._install(snapshot)
+        telemetry.UPDATE_DURATION.labels(self.name).observe(time.perf_counter() - started)
+
+    def _apply_entries(
+        self, entries: list[tuple[StreamId, dict[bytes, bytes]]]
+    ) -> tuple[list[tuple[list[tuple[StreamId, dict[bytes, bytes]]], StepResults]], Snapshot]:
+        """Apply log entries in order (worker thread); the sample runs and their results."""
         d = self.config.dim
+        runs = []
         i = 0
         while i < len(entries):
             _entry_id, fields = entries[i]
@@ -320,24 +336,16 @@ class ModelRuntime:
             run = entries[i:j]
             X = np.stack([decode_vector(f[b"x"], d) for _, f in run])
             y = [f[b"y"].decode() for _, f in run]
-            results = await asyncio.to_thread(self.learner.learn_many, X, y)
-            self._record(run, results)
+            runs.append((run, self.learner.learn_many(X, y)))
             i = j
-        applied = entries[-1][0]
-        self._since_checkpoint += len(entries)
-        if self._dirty_since is None:
-            self._dirty_since = time.monotonic()
-        self._publish(applied)
-        telemetry.UPDATE_DURATION.labels(self.name).observe(time.perf_counter() - started)
+        return runs, self._publishable(entries[-1][0])
 
     def _record(
-        self, run: list[tuple[StreamId, dict[bytes, bytes]]], results: Sequence[StepResult]
+        self, run: list[tuple[StreamId, dict[bytes, bytes]]], results: StepResults
     ) -> None:
-        outcomes: dict[str, int] = {}
-        for r in results:
-            outcomes[r.outcome] = outcomes.get(r.outcome, 0) + 1
-        for outcome, n in outcomes.items():
-            telemetry.STEPS.labels(self.name, outcome).inc(n)
+        for outcome, n in results.counts().items():
+            if n:
+                telemetry.STEPS.labels(self.name, outcome).inc(n)
         if self._replaying:
             telemetry.REPLAYED.labels(self.name).inc(len(results))
         if self._waiters.floors:
@@ -364,7 +372,11 @@ class ModelRuntime:
         )
 
     def _publish(self, applied: StreamId) -> None:
-        self.snapshot = self._publishable(applied)
+        self._install(self._publishable(applied))
+
+    def _install(self, snapshot: Snapshot) -> None:
+        """Make ``snapshot`` the one queries read, and wake whoever waits for a change."""
+        self.snapshot = snapshot
         self.logged_seq = max(self.logged_seq, self.snapshot.version)
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()

@@ -126,7 +126,10 @@ def test_pipelined_frames_get_contiguous_seqs_and_one_bad_frame_affects_no_other
     assert [(a["first_seq"], a["last_seq"]) for a in fresh] == [
         (2 * i + 1, 2 * i + 2) for i in range(len(fresh))
     ]
-    model = api.get(f"/v1/models/{name}", params={"min_version": 2 * len(fresh)}).json()
+    # an ack means logged; wait (min_version, on a query) until applied before reading the model
+    waited = api.get(f"/v1/models/{name}/metric", params={"min_version": 2 * len(fresh)})
+    assert waited.status_code == 200
+    model = api.get(f"/v1/models/{name}").json()
     assert model["logged_seq"] == model["version"] == 2 * len(fresh)
     assert model["classes"] == 4
 
