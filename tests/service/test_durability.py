@@ -103,9 +103,9 @@ def test_kill_9_while_streaming_loses_no_acknowledged_sample(
         ref = core_learner(X[:logged], y[:logged], dim=4, gamma=0.02, seed=4)
         np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
     client(None)  # resend what was in flight at the last kill, then the rest
-    with svc.client() as api:
-        model = api.get("/v1/models/m").json()
+    with svc.client() as api:  # wait until applied (an ack means logged), then read the model
         got = api.get("/v1/models/m/metric", params={"min_version": n}).json()
+        model = api.get("/v1/models/m").json()
     svc.stop()
     assert len(acked) == n // frame and model["logged_seq"] == got["version"] == n
     ref = core_learner(X, y, dim=4, gamma=0.02, seed=4)
