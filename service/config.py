@@ -63,7 +63,10 @@ class Settings(BaseSettings):
 
     # -- learner and durability --
     batch_max: int = Field(
-        default=512, ge=1, description="Log entries the learner applies per batch."
+        default=512,
+        ge=1,
+        description="Samples the learner applies per batch (about: it reads whole log entries, "
+        "one request or frame each, and at least one).",
     )
     checkpoint_every: int = Field(
         default=10_000, ge=1, description="Checkpoint after this many samples applied ..."

@@ -39,6 +39,7 @@ from service.storage.codec import (
     DTYPE,
     StreamId,
     after,
+    decode_entry,
     decode_vector,
     encode_vector,
     format_id,
@@ -139,7 +140,8 @@ class ModelRuntime:
         self._closed = False
         self._waiters = _Waiters()
         self._task: asyncio.Task[None] | None = None
-        self._since_checkpoint = 0
+        self._since_checkpoint = 0  # samples applied since the last checkpoint
+        self._per_entry = 1.0  # samples per log entry in the latest batch
         self._dirty_since: float | None = None
         self._ckpt_applied: StreamId | None = None
         self._replaying = False  # applying the log tail found at start-up
@@ -268,9 +270,12 @@ class ModelRuntime:
         while not self._stopping:
             try:
                 read_at = time.monotonic()
-                tail = await self.store.read_tail(
-                    self.name, after(self.snapshot.applied), self.settings.batch_max
+                # about OPML_BATCH_MAX samples per batch, however many an entry holds
+                count = max(
+                    1,
+                    min(self.settings.batch_max, round(self.settings.batch_max / self._per_entry)),
                 )
+                tail = await self.store.read_tail(self.name, after(self.snapshot.applied), count)
                 if tail.checkpoint_applied is not None:
                     if tail.checkpoint_applied > self.snapshot.applied:
                         await self._catch_up_to_checkpoint()
@@ -282,7 +287,7 @@ class ModelRuntime:
                 entries = tail.entries
                 if entries:
                     await self._apply(entries)
-                if len(entries) < self.settings.batch_max:
+                if len(entries) < count:
                     self.caught_up.set()
                     self._replaying = False
                     self.synced_at = read_at
@@ -307,10 +312,11 @@ class ModelRuntime:
         # Decoding, learning and building the snapshot all run in the worker thread (the
         # compiled kernel releases the GIL), so the event loop stays free for ingestion and
         # queries; only the bookkeeping below runs on it.
-        runs, snapshot = await asyncio.to_thread(self._apply_entries, entries)
-        for run, results in runs:
-            self._record(run, results)
-        self._since_checkpoint += len(entries)
+        runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
+        for seqs, results in runs:
+            self._record(seqs, results)
+        self._since_checkpoint += samples
+        self._per_entry = max(1.0, samples / len(entries))
         if self._dirty_since is None:
             self._dirty_since = time.monotonic()
         self._install(snapshot)
@@ -318,31 +324,39 @@ class ModelRuntime:
 
     def _apply_entries(
         self, entries: list[tuple[StreamId, dict[bytes, bytes]]]
-    ) -> tuple[list[tuple[list[tuple[StreamId, dict[bytes, bytes]]], StepResults]], Snapshot]:
-        """Apply log entries in order (worker thread); the sample runs and their results."""
+    ) -> tuple[list[tuple[list[int], StepResults]], Snapshot, int]:
+        """Apply log entries in order (worker thread): per run of sample entries, the seqs of
+        its samples and their results; the snapshot after the last entry; the sample count."""
         d = self.config.dim
-        runs = []
-        i = 0
-        while i < len(entries):
-            _entry_id, fields = entries[i]
+        runs: list[tuple[list[int], StepResults]] = []
+        blocks: list[np.ndarray[Any, Any]] = []
+        keys: list[str] = []
+        seqs: list[int] = []
+        samples = 0
+
+        def flush() -> None:
+            if blocks:
+                X = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+                runs.append((list(seqs), self.learner.learn_many(X, keys)))
+                blocks.clear()
+                keys.clear()
+                seqs.clear()
+
+        for (last, _part), fields in entries:
             if b"L" in fields:  # a metric replacement, ordered in the log (PUT metric)
+                flush()
                 self.learner.set_metric(decode_vector(fields[b"L"], d * d).reshape(d, d))
                 self.metric_puts += 1
-                i += 1
                 continue
-            j = i
-            while j < len(entries) and b"L" not in entries[j][1]:
-                j += 1
-            run = entries[i:j]
-            X = np.stack([decode_vector(f[b"x"], d) for _, f in run])
-            y = [f[b"y"].decode() for _, f in run]
-            runs.append((run, self.learner.learn_many(X, y)))
-            i = j
-        return runs, self._publishable(entries[-1][0])
+            X, labels = decode_entry(fields, d)
+            blocks.append(X)
+            keys.extend(labels)
+            seqs.extend(range(last - len(labels) + 1, last + 1))
+            samples += len(labels)
+        flush()
+        return runs, self._publishable(entries[-1][0]), samples
 
-    def _record(
-        self, run: list[tuple[StreamId, dict[bytes, bytes]]], results: StepResults
-    ) -> None:
+    def _record(self, seqs: list[int], results: StepResults) -> None:
         for outcome, n in results.counts().items():
             if n:
                 telemetry.STEPS.labels(self.name, outcome).inc(n)
@@ -350,9 +364,9 @@ class ModelRuntime:
             telemetry.REPLAYED.labels(self.name).inc(len(results))
         if self._waiters.floors:
             low = min(self._waiters.floors.values())
-            for (entry_id, _), result in zip(run, results, strict=True):
-                if entry_id[0] > low:
-                    self._waiters.results[entry_id[0]] = result
+            for seq, result in zip(seqs, results, strict=True):
+                if seq > low:
+                    self._waiters.results[seq] = result
 
     def _publishable(self, applied: StreamId) -> Snapshot:
         metric = Learner(self.config)

@@ -268,11 +268,7 @@ class ModelService:
         try:
             # No await before this enqueues: concurrent calls are logged in call order.
             appended = await runtime.appender.append(
-                Group(
-                    _rows(X, keys),
-                    idempotency_field,
-                    digest,
-                )
+                Group(encode_vector(X), keys, idempotency_field, digest)
             )
         except NoSuchModel:
             raise NotFound(f"model {runtime.name!r} does not exist") from None
@@ -337,13 +333,6 @@ class ModelService:
                 version=runtime.snapshot.version,
             )
         return runtime.snapshot
-
-
-def _rows(X: np.ndarray[Any, Any], keys: list[str]) -> list[tuple[bytes, str]]:
-    """Each row's vector bytes (one conversion for the whole block) with its class key."""
-    raw = encode_vector(X)
-    step = len(raw) // len(keys) if keys else 0
-    return [(raw[i * step : (i + 1) * step], key) for i, key in enumerate(keys)]
 
 
 def model_body(runtime: ModelRuntime) -> dict[str, Any]:

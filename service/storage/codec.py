@@ -1,10 +1,16 @@
 """How values are laid out in Redis: vector bytes, log entry ids.
 
 Vectors, ``L`` and the calibration window are stored as raw little-endian float64 bytes
-(:data:`DTYPE`, the one place the dtype is stated). The ingestion log is a Redis Stream whose
-entry ids encode the sample seq: sample ``s`` is ``s-1``; a metric replacement (``PUT metric``)
-logged after sample ``s`` is ``s-k`` with ``k >= 2``, so it sorts after sample ``s`` and before
-sample ``s + 1`` without consuming a seq.
+(:data:`DTYPE`, the one place the dtype is stated).
+
+The ingestion log is a Redis Stream. One entry holds the samples of one request or WebSocket
+frame, so Redis and the writer pay per frame, not per sample: fields ``n`` (the count), ``x``
+(the (n, d) block, row-major :data:`DTYPE` bytes) and ``y`` (the n class keys, a JSON array).
+Its id encodes the seq of its LAST sample: samples ``s-n+1 .. s`` are entry ``s-1``. (An entry
+without ``n`` is one sample whose ``y`` is the bare key: the layout of earlier versions, still
+read.) A metric replacement (``PUT metric``) logged after sample ``s`` is ``s-k`` with
+``k >= 2``, so it sorts after the entry ending at ``s`` and before the next one, without
+consuming a seq. "Has seq ``s`` been applied?" is then "is the applied position ``>= s-1``?".
 
 >>> parse_id(b"12-1")
 (12, 1)
@@ -12,9 +18,19 @@ sample ``s + 1`` without consuming a seq.
 ('12-1', '12-1', '12-4')
 >>> decode_vector(encode_vector(np.array([1.5, -2.0])), 2).tolist()
 [1.5, -2.0]
+>>> decode_labels(encode_labels(["a", "7", 'q"x']))
+['a', '7', 'q"x']
+>>> X, keys = decode_entry({b"n": b"2", b"x": encode_vector(np.eye(2)), b"y": b'["a","b"]'}, 2)
+>>> X.tolist(), keys
+([[1.0, 0.0], [0.0, 1.0]], ['a', 'b'])
+>>> X, keys = decode_entry({b"x": encode_vector(np.ones(2)), b"y": b"a"}, 2)  # earlier layout
+>>> X.tolist(), keys
+([[1.0, 1.0]], ['a'])
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 
@@ -41,8 +57,31 @@ def decode_vector(raw: bytes, n: int) -> Array:
     return np.frombuffer(raw, dtype=DTYPE).astype(np.float64)
 
 
+def encode_labels(keys: list[str]) -> bytes:
+    """A log entry's ``y``: its class keys as a compact JSON array."""
+    return json.dumps(keys, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_labels(raw: bytes) -> list[str]:
+    keys = json.loads(raw)
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise ValueError("stored labels: expected a JSON array of strings")
+    return keys
+
+
+def decode_entry(fields: dict[bytes, bytes], d: int) -> tuple[Array, list[str]]:
+    """The (n, d) samples and n class keys of a sample entry of the log (either layout)."""
+    if b"n" not in fields:  # one sample per entry (earlier versions)
+        return decode_vector(fields[b"x"], d).reshape(1, d), [fields[b"y"].decode()]
+    n = int(fields[b"n"])
+    keys = decode_labels(fields[b"y"])
+    if len(keys) != n:
+        raise ValueError(f"stored entry: {n} samples but {len(keys)} labels")
+    return decode_vector(fields[b"x"], n * d).reshape(n, d), keys
+
+
 def sample_id(seq: int) -> str:
-    """The log entry id of sample ``seq``."""
+    """The id of the log entry position at which sample ``seq`` counts as applied."""
     return f"{seq}-{SAMPLE_PART}"
 
 

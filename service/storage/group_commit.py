@@ -47,13 +47,13 @@ class GroupCommit:
         size = 0
         while self._pending:
             group, future = self._pending[0]
-            if batch and size + len(group.rows) > self.max_samples:
+            if batch and size + len(group) > self.max_samples:
                 break
             self._pending.popleft()
             if future.done():  # its caller was cancelled before it was sent: not logged
                 continue
             batch.append((group, future))
-            size += len(group.rows)
+            size += len(group)
         return batch
 
     async def _flush(self) -> None:

@@ -23,7 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from service.keys import REGISTRY, ModelKeys
-from service.storage.codec import StreamId, parse_id
+from service.storage.codec import StreamId, encode_labels, parse_id
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -33,8 +33,10 @@ return 1
 
 # KEYS: meta, log, classes, idem, idem-exp
 # ARGV: now_ms, ttl_ms, max_classes, groups, then per group: idem field ('' = none), fingerprint,
-#       n, x1, y1, ..., xn, yn. Groups are appended in order, each exactly as if alone (a group
-#       commit: one script, one AOF write and fsync for requests/frames that arrived together).
+#       n, x block, labels (JSON array), k, then its k distinct labels. Groups are appended in
+#       order, each exactly as if alone (a group commit: one script, one AOF write and fsync for
+#       requests/frames that arrived together), each as ONE log entry ``<last seq>-1`` holding
+#       its n samples (see service.storage.codec).
 # -> {0} no model | {1, r1, r2, ...}, per group r = {1, first, last} | {2, "first last fingerprint"}
 #    replay | {3, classes} would exceed the class limit (that group alone: nothing of it logged)
 _APPEND = """
@@ -52,19 +54,18 @@ local out = {1}
 local p = 5
 for g = 1, tonumber(ARGV[4]) do
   local field, fp, n = ARGV[p], ARGV[p + 1], tonumber(ARGV[p + 2])
-  local base = p + 2  -- sample i: x = ARGV[base + 2i - 1], y = ARGV[base + 2i]
-  p = base + 2 * n + 1
+  local x, y, k = ARGV[p + 3], ARGV[p + 4], tonumber(ARGV[p + 5])
+  local base = p + 5  -- distinct label i = ARGV[base + i]
+  p = base + k + 1
   local prev = false
   if field ~= '' then prev = redis.call('HGET', KEYS[4], field) end
   if prev then
     out[#out + 1] = {2, prev}
   else
-    local seen, fresh = {}, {}
-    for i = 1, n do
-      local y = ARGV[base + 2 * i]
-      if not seen[y] then
-        seen[y] = true
-        if redis.call('SISMEMBER', KEYS[3], y) == 0 then fresh[#fresh + 1] = y end
+    local fresh = {}
+    for i = 1, k do
+      if redis.call('SISMEMBER', KEYS[3], ARGV[base + i]) == 0 then
+        fresh[#fresh + 1] = ARGV[base + i]
       end
     end
     local have = 0
@@ -73,11 +74,8 @@ for g = 1, tonumber(ARGV[4]) do
       out[#out + 1] = {3, have}
     else
       local first = seq + 1
-      for i = 1, n do
-        redis.call('XADD', KEYS[2], string.format('%d-1', first + i - 1),
-                   'x', ARGV[base + 2 * i - 1], 'y', ARGV[base + 2 * i])
-      end
-      seq = first + n - 1
+      seq = seq + n
+      redis.call('XADD', KEYS[2], string.format('%d-1', seq), 'n', n, 'x', x, 'y', y)
       for i = 1, #fresh do redis.call('SADD', KEYS[3], fresh[i]) end
       if field ~= '' then
         redis.call('HSET', KEYS[4], field, string.format('%d %d %s', first, seq, fp))
@@ -152,12 +150,17 @@ class Appended:
 
 @dataclass(frozen=True)
 class Group:
-    """One request's / frame's samples for an append: rows (vector bytes, class key), its
-    idempotency field ('' = none) and the fingerprint of its samples."""
+    """One request's / frame's samples for an append, logged as one entry: ``x``, the raw
+    bytes of its (n, d) block (:func:`~service.storage.codec.encode_vector`); ``keys``, its n
+    class keys; its idempotency field ('' = none) and the fingerprint of its samples."""
 
-    rows: list[tuple[bytes, str]]
+    x: bytes
+    keys: list[str]
     idempotency_field: str
     fingerprint: str
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
 
 @dataclass(frozen=True)
@@ -280,29 +283,6 @@ class Store:
 
     # -- the log -----------------------------------------------------------------------------
 
-    async def append_samples(
-        self,
-        name: str,
-        rows: list[tuple[bytes, str]],
-        *,
-        idempotency_field: str,
-        fingerprint: str,
-        now_ms: int,
-        ttl_ms: int,
-        max_classes: int,
-    ) -> Appended:
-        """Append samples atomically with their seqs and idempotency record (see ``_APPEND``)."""
-        (out,) = await self.append_groups(
-            name,
-            [Group(rows, idempotency_field, fingerprint)],
-            now_ms=now_ms,
-            ttl_ms=ttl_ms,
-            max_classes=max_classes,
-        )
-        if isinstance(out, TooManyClasses):
-            raise out
-        return out
-
     async def append_groups(
         self, name: str, groups: list[Group], *, now_ms: int, ttl_ms: int, max_classes: int
     ) -> list[Appended | TooManyClasses]:
@@ -311,9 +291,11 @@ class Store:
         keys = ModelKeys(name)
         args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups)]
         for group in groups:
-            args += [group.idempotency_field, group.fingerprint, len(group.rows)]
-            for x, y in group.rows:
-                args += [x, y]
+            if not group.keys:
+                raise ValueError("groups: a group has at least one sample")
+            distinct = list(dict.fromkeys(group.keys))
+            args += [group.idempotency_field, group.fingerprint, len(group.keys), group.x,
+                     encode_labels(group.keys), len(distinct), *distinct]  # fmt: skip
         out = await self._append(
             keys=[keys.meta, keys.log, keys.classes, keys.idempotency, keys.idempotency_expiry],
             args=args,
@@ -340,8 +322,9 @@ class Store:
         return parse_id(out[1])
 
     async def read_tail(self, name: str, after: str, count: int) -> Tail:
-        """Up to ``count`` entries with ids >= ``after``, and the checkpoint's position, read
-        in one transaction: if the checkpoint is past ``after`` the log before it is trimmed."""
+        """Up to ``count`` entries (one or more samples each) with ids >= ``after``, and the
+        checkpoint's position, read in one transaction: if the checkpoint is past ``after``
+        the log before it is trimmed."""
         keys = ModelKeys(name)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hmget(keys.checkpoint, ["applied", "time"])

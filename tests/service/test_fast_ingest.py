@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 from websockets.sync.client import connect
 
+from service.storage.codec import decode_entry, encode_vector, parse_id
 from service.storage.store import Appended, Group, Store, TooManyClasses
 from service.storage.store import connect as redis_connect
 from tests.service.conftest import ServiceProcess
@@ -168,19 +169,27 @@ def test_one_script_appends_groups_each_with_its_own_outcome(redis_url: str) -> 
         model = f"groups-{time.time_ns()}"
         try:
             await store.create_model(model, {}, time.time())
-            x = b"\x00" * 8
+            def group(keys: list[str], field: str, fp: str) -> Group:  # d = 1: x_i = i
+                return Group(encode_vector(np.arange(len(keys))), keys, field, fp)
+
             groups = [
-                Group([(x, "a"), (x, "b")], "h:one", "fp1"),
-                Group([(x, f"c{i}") for i in range(5)], "h:two", "fp2"),  # over the limit of 4
-                Group([(x, "a")], "h:one", "fp-other"),  # the first group's key again
-                Group([(x, "c")], "", "fp3"),
-                Group([(x, "d"), (x, "a")], "h:four", "fp4"),
+                group(["a", "b"], "h:one", "fp1"),
+                group([f"c{i}" for i in range(5)], "h:two", "fp2"),  # over the limit of 4
+                group(["a"], "h:one", "fp-other"),  # the first group's key again
+                group(["c"], "", "fp3"),
+                group(["d", "a", "d"], "h:four", "fp4"),
             ]
             out = await store.append_groups(
                 model, groups, now_ms=int(time.time() * 1000), ttl_ms=60_000, max_classes=4
             )
-            assert int(await client.hget(f"opml:{{{model}}}:meta", "seq")) == 5
-            assert await client.xlen(f"opml:{{{model}}}:log") == 5
+            assert int(await client.hget(f"opml:{{{model}}}:meta", "seq")) == 6
+            # one entry per logged group, id = its last seq, holding all of its samples
+            log = await client.xrange(f"opml:{{{model}}}:log")
+            assert [parse_id(entry_id) for entry_id, _ in log] == [(2, 1), (3, 1), (6, 1)]
+            decoded = [decode_entry(fields, 1) for _, fields in log]
+            assert [keys for _, keys in decoded] == [["a", "b"], ["c"], ["d", "a", "d"]]
+            assert [X.ravel().tolist() for X, _ in decoded] == [[0, 1], [0], [0, 1, 2]]
+            assert await client.smembers(f"opml:{{{model}}}:classes") == {b"a", b"b", b"c", b"d"}
             return out
         finally:
             await store.delete_model(model)
@@ -191,4 +200,4 @@ def test_one_script_appends_groups_each_with_its_own_outcome(redis_url: str) -> 
     assert isinstance(out[1], TooManyClasses) and out[1].have == 2
     assert out[2] == Appended(1, 2, replayed=True, fingerprint="fp1")
     assert out[3] == Appended(3, 3, fingerprint="fp3")
-    assert out[4] == Appended(4, 5, fingerprint="fp4")
+    assert out[4] == Appended(4, 6, fingerprint="fp4")
