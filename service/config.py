@@ -63,10 +63,17 @@ class Settings(BaseSettings):
 
     # -- learner and durability --
     batch_max: int = Field(
-        default=512,
+        default=4096,
         ge=1,
-        description="Samples the learner applies per batch (about: it reads whole log entries, "
-        "one request or frame each, and at least one).",
+        description="Most samples the learner applies per batch (about: it reads whole log "
+        "entries, one request or frame each, at least one); fewer at large d (2^24 / d^2).",
+    )
+    max_unapplied: int = Field(
+        default=2048,
+        ge=1,
+        description="Backpressure: new appends wait while more than this many logged samples "
+        "are not yet applied by the learner (at most OPML_APPLY_WAIT_S, then 503); bounds the "
+        "ack-to-applied lag and the log's growth under overload.",
     )
     checkpoint_every: int = Field(
         default=10_000, ge=1, description="Checkpoint after this many samples applied ..."

@@ -6,6 +6,12 @@ worker thread, so the event loop keeps answering queries), then publishes an imm
 :class:`Snapshot`. Queries only ever read the latest snapshot, so they never see a half-applied
 batch, and each answer's ``version`` is the seq of the last sample applied to that snapshot.
 
+Backpressure (:meth:`ModelRuntime.wait_room`): appends wait while more than
+``OPML_MAX_UNAPPLIED`` samples are logged but unapplied, so the log never runs far ahead of
+the learner: the ack-to-applied lag and the unapplied part of the log stay bounded however hard
+clients push. Batches hold about ``min(OPML_BATCH_MAX, 2^24 / d^2)`` samples (about constant
+learning time per batch), so snapshots are published often at any dimension.
+
 Start-up: the latest checkpoint (or a fresh learner) plus a replay of the log tail. Because the
 RNG state is part of the checkpoint and the log is the order of application, the result equals
 applying every logged sample exactly once, in order.
@@ -48,6 +54,12 @@ from service.storage.group_commit import GroupCommit
 from service.storage.store import Checkpoint, Fenced, Store
 
 log = logging.getLogger("service.runtime")
+
+#: A batch holds at most about BATCH_WORK / d^2 samples (the O(d^2) step makes that ~constant
+#: learning time: 4096 samples at d = 64, 64 at d = 512), so a snapshot is published every few
+#: tens of milliseconds whatever the dimension; but never fewer than MIN_BATCH.
+BATCH_WORK = 1 << 24
+MIN_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,14 @@ class ModelRuntime:
         self._task: asyncio.Task[None] | None = None
         self._since_checkpoint = 0  # samples applied since the last checkpoint
         self._per_entry = 1.0  # samples per log entry in the latest batch
+        #: Appends waiting for the learner to catch up (FIFO, see :meth:`wait_room`).
+        self._room = asyncio.Lock()
+        self._room_waiters = 0
+        self._appending = 0  # samples admitted by wait_room whose append has not returned
+        #: Samples per batch: OPML_BATCH_MAX, fewer at large d (~ BATCH_WORK / d^2 of them).
+        self.samples_per_batch = max(
+            MIN_BATCH, min(settings.batch_max, BATCH_WORK // (config.dim * config.dim))
+        )
         self._dirty_since: float | None = None
         self._ckpt_applied: StreamId | None = None
         self._replaying = False  # applying the log tail found at start-up
@@ -270,11 +290,12 @@ class ModelRuntime:
         while not self._stopping:
             try:
                 read_at = time.monotonic()
-                # about OPML_BATCH_MAX samples per batch, however many an entry holds
-                count = max(
-                    1,
-                    min(self.settings.batch_max, round(self.settings.batch_max / self._per_entry)),
-                )
+                # Cleared before the read: an append that lands during the read sets it again,
+                # so the wait below cannot sleep through it.
+                self._kick.clear()
+                # about samples_per_batch samples per batch, however many an entry holds
+                per_batch = self.samples_per_batch
+                count = max(1, min(per_batch, round(per_batch / self._per_entry)))
                 tail = await self.store.read_tail(self.name, after(self.snapshot.applied), count)
                 if tail.checkpoint_applied is not None:
                     if tail.checkpoint_applied > self.snapshot.applied:
@@ -295,7 +316,6 @@ class ModelRuntime:
                     await self._write_checkpoint()
                 backoff = 0.1
                 if not entries:
-                    self._kick.clear()
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._kick.wait(), self.settings.poll_interval_s)
             except RedisError as exc:
@@ -392,6 +412,10 @@ class ModelRuntime:
         """Make ``snapshot`` the one queries read, and wake whoever waits for a change."""
         self.snapshot = snapshot
         self.logged_seq = max(self.logged_seq, self.snapshot.version)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake everyone waiting for a change (new snapshot, room for appends, closing)."""
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
@@ -453,6 +477,46 @@ class ModelRuntime:
         log.debug("%s: checkpoint at %s", self.name, format_id(applied))
 
     # -- waiting -------------------------------------------------------------------------------
+
+    @property
+    def unapplied(self) -> int:
+        """Samples logged (or being appended) through this process, or seen in the log, that
+        the learner has not applied yet."""
+        return self.logged_seq + self._appending - self.snapshot.version
+
+    async def wait_room(self, samples: int, timeout: float) -> bool:
+        """Backpressure: wait while more than ``OPML_MAX_UNAPPLIED`` samples are unapplied
+        (False if ``timeout`` runs out); on True, ``samples`` count as unapplied until the
+        caller's :meth:`done_appending`. Waiters pass in arrival order, and a caller that finds
+        room and nobody waiting returns without suspending, so appends that call this first
+        are still logged in call order."""
+        limit = self.settings.max_unapplied
+        if self._room_waiters == 0 and self.unapplied <= limit:
+            self._appending += samples
+            return True
+        deadline = time.monotonic() + timeout
+        self._room_waiters += 1
+        try:
+            async with self._room:
+                while self.unapplied > limit:
+                    if self._closed:
+                        raise ModelClosed(self.name)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), remaining)
+                self._appending += samples
+                return True
+        finally:
+            self._room_waiters -= 1
+
+    def done_appending(self, samples: int) -> None:
+        """The append admitted by :meth:`wait_room` finished (logged: ``logged_seq`` counts
+        it now; or failed); wake the next waiter."""
+        self._appending -= samples
+        if self._room_waiters:  # a failed append frees room without a new snapshot
+            self._wake()
 
     async def wait_applied(self, target: StreamId, timeout: float) -> bool:
         """Wait until the log entry ``target`` is applied; False if ``timeout`` runs out."""

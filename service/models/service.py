@@ -228,7 +228,6 @@ class ModelService:
                 telemetry.IDEMPOTENT_REPLAYS.labels(name, transport).inc()
             else:
                 telemetry.SAMPLES_ACCEPTED.labels(name, transport).inc(n)
-                runtime.notify_logged(appended.last_seq)
             if token is None:
                 return IngestResult(n, appended.first_seq, appended.last_seq, appended.replayed)
             runtime.raise_floor(token, appended.first_seq - 1)
@@ -266,10 +265,23 @@ class ModelService:
             X, keys = inputs.samples(items, runtime.config.dim, loc, indexed)
         digest = inputs.fingerprint(X, keys)
         try:
-            # No await before this enqueues: concurrent calls are logged in call order.
+            room = await runtime.wait_room(len(keys), s.apply_wait_s)  # backpressure, in call order
+        except ModelClosed:
+            raise NotFound(f"model {runtime.name!r} was deleted") from None
+        if not room:
+            raise Unavailable(
+                f"the learner is {runtime.unapplied} samples behind the log (more than "
+                f"OPML_MAX_UNAPPLIED = {s.max_unapplied}) and did not catch up within "
+                f"{s.apply_wait_s:g} s; nothing was logged, retry later",
+                retry_after=2,
+            )
+        try:
+            # No await between the room check and this enqueue: calls are logged in call order.
             appended = await runtime.appender.append(
                 Group(encode_vector(X), keys, idempotency_field, digest)
             )
+            if not appended.replayed:
+                runtime.notify_logged(appended.last_seq)  # before done_appending: no gap
         except NoSuchModel:
             raise NotFound(f"model {runtime.name!r} does not exist") from None
         except TooManyClasses as exc:
@@ -277,6 +289,8 @@ class ModelService:
                 f"the model has {exc.have} classes; at most {s.max_classes} per model "
                 "(OPML_MAX_CLASSES)"
             ) from None
+        finally:
+            runtime.done_appending(len(keys))
         if appended.replayed and appended.fingerprint != digest:
             raise Conflict(
                 "this idempotency key / frame id was used for different samples",

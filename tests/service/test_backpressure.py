@@ -1,0 +1,77 @@
+"""Backpressure from the learner: appends wait while too many logged samples are unapplied."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from websockets.sync.client import connect
+
+from clients._wire import binary_frame
+from tests.service.support import ServiceProcess, core_learner, make_model, stream
+
+
+def test_unapplied_samples_stay_bounded_under_a_flood(tmp_path: Path, redis_url: str) -> None:
+    """At d = 1024 the learner (~1 ms a sample here) is far slower than binary ingestion, so a
+    flood without backpressure would pile thousands of logged samples ahead of it. With
+    OPML_MAX_UNAPPLIED = 100, no observation of the model may show more than 100 + one frame
+    unapplied, and every acknowledged sample is still applied, once, in order."""
+    limit, frame, n, d = 100, 25, 1500, 1024
+    svc = ServiceProcess(tmp_path, redis_url, OPML_MAX_UNAPPLIED=str(limit)).start()
+    X, y = stream(n, d, 3, seed=4)
+    acked: list[int] = []
+    try:
+        with svc.client() as api:
+            make_model(api, "bp", d, gamma=0.01, seed=2)
+
+            def flood() -> None:  # every frame sent at once: the service's window bounds them
+                with connect(f"{svc.ws_url}/v1/models/bp/stream", max_size=None) as ws:
+                    for k in range(0, n, frame):
+                        ws.send(binary_frame(k, X[k : k + frame], y[k : k + frame]))
+                    for _ in range(0, n, frame):
+                        answer = ws.recv(timeout=120)
+                        assert isinstance(answer, str) and '"ack"' in answer, answer
+                        acked.append(1)
+
+            sender = threading.Thread(target=flood)
+            sender.start()
+            worst = 0
+            while sender.is_alive():
+                body = api.get("/v1/models/bp").json()
+                worst = max(worst, body["logged_seq"] - body["version"])
+                time.sleep(0.01)
+            sender.join()
+            assert len(acked) == n // frame
+            assert 0 < worst <= limit + frame, worst
+            got = api.get("/v1/models/bp/metric", params={"min_version": n}).json()
+        ref = core_learner(X, y, dim=d, gamma=0.01, seed=2)
+        assert got["version"] == n
+        np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
+    finally:
+        svc.stop()
+
+
+def test_without_the_bound_the_same_flood_runs_ahead_of_the_learner(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The control for the test above: a limit too high to bind lets the log run far ahead of
+    the learner on the same flood (so the bound above is what kept it small)."""
+    frame, n, d = 25, 1500, 1024
+    svc = ServiceProcess(tmp_path, redis_url, OPML_MAX_UNAPPLIED="1000000").start()
+    X, y = stream(n, d, 3, seed=4)
+    try:
+        with svc.client() as api:
+            make_model(api, "nb", d, gamma=0.01, seed=2)
+            worst = 0
+            with connect(f"{svc.ws_url}/v1/models/nb/stream", max_size=None) as ws:
+                for k in range(0, n, frame):
+                    ws.send(binary_frame(k, X[k : k + frame], y[k : k + frame]))
+                for _ in range(0, n, frame):
+                    ws.recv(timeout=120)
+                    body = api.get("/v1/models/nb").json()
+                    worst = max(worst, body["logged_seq"] - body["version"])
+            assert worst > 2 * (100 + frame), worst
+    finally:
+        svc.stop()
