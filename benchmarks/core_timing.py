@@ -121,14 +121,21 @@ def main() -> None:
         check.learn_many(X[:n_naive], y[:n_naive])
         agree = float(np.abs(check.L - L_naive).max())
         floor = 3 * 8 * d * d / bandwidth
-        rows.append({
-            "d": d, "learn_many_ms": many * 1e3, "learn_one_ms": one * 1e3,
-            "naive_ms": naive * 1e3, "speedup_vs_naive": naive / many,
-            "floor_ms": floor * 1e3, "ratio_to_floor": many / floor,
-            "paper_ms": PAPER_MS.get(d), "below_paper": (many * 1e3 < PAPER_MS[d])
-            if d in PAPER_MS else None,
-            "max_abs_diff_vs_naive": agree, "updates": learner.counts["triplet_update"],
-        })
+        rows.append(
+            {
+                "d": d,
+                "learn_many_ms": many * 1e3,
+                "learn_one_ms": one * 1e3,
+                "naive_ms": naive * 1e3,
+                "speedup_vs_naive": naive / many,
+                "floor_ms": floor * 1e3,
+                "ratio_to_floor": many / floor,
+                "paper_ms": PAPER_MS.get(d),
+                "below_paper": (many * 1e3 < PAPER_MS[d]) if d in PAPER_MS else None,
+                "max_abs_diff_vs_naive": agree,
+                "updates": learner.counts["triplet_update"],
+            }
+        )
         print(rows[-1], flush=True)
     # 128 <= d <= 512: L (<= 2 MiB) stays in cache, the step is arithmetic-bound: slope ~2.
     ds = np.array([r["d"] for r in rows if 128 <= r["d"] <= 512], dtype=float)
@@ -175,9 +182,18 @@ def main() -> None:
     suffix = "_quick" if args.quick else ""
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / f"core_timing{suffix}.md").write_text(text)
-    (RESULTS_DIR / f"core_timing{suffix}.json").write_text(json.dumps(
-        {"machine": info, "copy_bandwidth_bytes_per_s": bandwidth, "rows": rows,
-         "slope_ours": slope, "slope_naive": slope_naive}, indent=2))
+    (RESULTS_DIR / f"core_timing{suffix}.json").write_text(
+        json.dumps(
+            {
+                "machine": info,
+                "copy_bandwidth_bytes_per_s": bandwidth,
+                "rows": rows,
+                "slope_ours": slope,
+                "slope_naive": slope_naive,
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -6,14 +6,20 @@ It runs as its own process (so its CPU is not the service's) and is started by
     .venv/bin/python -m benchmarks.loadgen ws --url http://127.0.0.1:8000 --model m64 \\
         --dim 64 --frame 64 --seconds 10 --out /tmp/ws.json
 
-The model must exist (``service_load`` creates it). Every payload is JSON-encoded before the
-clock starts (vectors in full float64 precision, compact separators, as the SDK sends them), so
-the generator's own encoding cost is not part of the figures. Measurements:
+The model must exist (``service_load`` creates it). Every payload is encoded before the clock
+starts (JSON: vectors in full float64 precision, compact separators, as the SDK sends them), so
+the generator's own encoding cost is not part of the figures; only a WS frame's id is spliced in
+at send time (one copy of the pre-encoded body, the same for both encodings). Measurements:
 
 ``ws``
     Closed loop over ``--connections`` WebSocket ingestion connections, each with at most
-    ``--window`` unacknowledged frames of ``--frame`` samples (``--frame 1`` sends the single
-    form ``{"id", "x", "y"}``). Throughput = samples acknowledged (= durably logged) per second
+    ``--window`` unacknowledged frames of ``--frame`` samples. ``--encoding json`` (default):
+    JSON text frames ``{"id", "samples": [{"x", "y"}, ...]}`` (``--frame 1`` sends the single
+    form ``{"id", "x", "y"}``). ``--encoding binary``: the service's binary frames, ``uint32
+    little-endian H | H bytes of UTF-8 JSON {"id", "y": [labels]} | len(y) x dim float64
+    little-endian, row-major`` (also for ``--frame 1``); the run stops with an error unless the
+    handshake answer's ``x-opml-frames`` header lists ``binary``. Acks are JSON text frames
+    either way. Throughput = samples acknowledged (= durably logged) per second
     after a warm-up. Learner lag: a ``WS /events?interval_ms=10`` reader records each event's
     ``version`` and the service's wall-clock ``time`` of the event; an ack received at
     (client wall clock) ``t`` whose ``last_seq`` is ``s`` is applied by the first event with
@@ -45,6 +51,8 @@ import contextlib
 import json
 import math
 import os
+import struct
+import sys
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -103,26 +111,90 @@ def _row(x: np.ndarray, decimals: int | None = None) -> list[float]:
 
 # -- WebSocket ingestion ---------------------------------------------------------------------
 
+#: Handshake answer header of ``/stream`` listing the frame encodings the service reads.
+FRAMES_HEADER = "x-opml-frames"
+_HEADER_LEN = struct.Struct("<I")
+
+#: A frame's payload from its id and its position ``k`` in the connection's sequence.
+Payload = Callable[[int, int], str | bytes]
+
+
+def json_frames(X: np.ndarray, y: np.ndarray, frame: int) -> tuple[Payload, float]:
+    """JSON text frames of ``frame`` samples cut from the pool (pre-encoded; the id is spliced
+    in at send time) and their mean size in bytes."""
+    n = len(X)
+    if frame == 1:
+        bodies = [_dumps({"x": _row(X[i]), "y": int(y[i])})[1:-1] for i in range(n)]
+        prefix = ""
+    else:
+        bodies = [
+            _dumps([{"x": _row(X[i]), "y": int(y[i])} for i in range(k, k + frame)])
+            for k in range(0, n, frame)
+        ]
+        prefix = '"samples":'
+
+    def payload(frame_id: int, k: int) -> str:
+        return f'{{"id":{frame_id},{prefix}{bodies[k % len(bodies)]}}}'
+
+    size = float(np.mean([len(payload(10**12, k).encode()) for k in range(len(bodies))]))
+    return payload, size
+
+
+def binary_frames(X: np.ndarray, y: np.ndarray, frame: int) -> tuple[Payload, float]:
+    """The service's binary frames of ``frame`` samples (header tail and float64 block
+    pre-encoded; the id and the header length are spliced in at send time), mean bytes."""
+    parts = [
+        (
+            b"," + _dumps({"y": [int(v) for v in y[k : k + frame]]})[1:].encode(),
+            np.ascontiguousarray(X[k : k + frame], dtype="<f8").tobytes(),
+        )
+        for k in range(0, len(X), frame)
+    ]
+
+    def payload(frame_id: int, k: int) -> bytes:
+        tail, block = parts[k % len(parts)]
+        head = b'{"id":%d%b' % (frame_id, tail)
+        return b"".join((_HEADER_LEN.pack(len(head)), head, block))
+
+    size = float(np.mean([len(payload(10**12, k)) for k in range(len(parts))]))
+    return payload, size
+
+
+class LoadgenError(Exception):
+    """A measurement that cannot run as asked (reported on stderr, exit status 2)."""
+
+
+def check_frames_header(ws: ClientConnection, encoding: str) -> None:
+    """Stop unless the service said (handshake ``x-opml-frames``) that it reads ``encoding``."""
+    if encoding == "json":
+        return
+    response = ws.response
+    value = None if response is None else response.headers.get(FRAMES_HEADER)
+    offered = {p.strip() for p in (value or "").split(",")}
+    if encoding not in offered:
+        raise LoadgenError(
+            f"ws --encoding {encoding}: the service does not read {encoding} frames "
+            f"(handshake header {FRAMES_HEADER}: {value!r})"
+        )
+
 
 class _Connection:
     """One ingestion connection: a sender bounded by the window and a receiver of acks."""
 
-    def __init__(self, index: int, chunks: list[str], frame: int, window: int) -> None:
+    def __init__(self, index: int, make: Payload, frame: int, window: int) -> None:
         self.index = index
-        self.chunks = chunks
+        self.make = make
         self.frame = frame
         self.window = asyncio.Semaphore(window)
         self.sent: dict[int, float] = {}
         self.acks: list[tuple[float, int, int, float]] = []  # (wall, last_seq, n, rtt)
         self.errors = 0
+        self.first_error: Any = None
         self.next = 0
 
-    def payload(self, k: int) -> tuple[int, str]:
+    def payload(self, k: int) -> tuple[int, str | bytes]:
         frame_id = self.index * 1_000_000_000 + k
-        body = self.chunks[k % len(self.chunks)]
-        if self.frame == 1:
-            return frame_id, f'{{"id":{frame_id},{body}}}'
-        return frame_id, f'{{"id":{frame_id},"samples":{body}}}'
+        return frame_id, self.make(frame_id, k)
 
     async def send_loop(self, ws: ClientConnection, stop_at: float, rate: float | None) -> None:
         start = time.perf_counter()
@@ -133,10 +205,10 @@ class _Connection:
                 delay = due - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            frame_id, text = self.payload(self.next)
+            frame_id, data = self.payload(self.next)
             self.next += 1
             self.sent[frame_id] = time.perf_counter()
-            await ws.send(text)
+            await ws.send(data)
 
     async def receive_loop(self, ws: ClientConnection) -> None:
         while True:
@@ -146,6 +218,8 @@ class _Connection:
             self.window.release()
             if "ack" not in doc:
                 self.errors += 1
+                if self.first_error is None:
+                    self.first_error = doc
                 self.sent.pop(doc.get("id"), None)
                 continue
             sent = self.sent.pop(doc["ack"], now)
@@ -166,20 +240,15 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
     base = args.url.replace("http", "ws", 1) + f"/v1/models/{args.model}"
     n = pool_size(args.frame, args.dim)
     X, y = stream(n, args.dim, args.seed)
-    if args.frame == 1:
-        chunks = [_dumps({"x": _row(X[i]), "y": int(y[i])})[1:-1] for i in range(n)]
-    else:
-        chunks = [
-            _dumps([{"x": _row(X[i]), "y": int(y[i])} for i in range(k, k + args.frame)])
-            for k in range(0, n, args.frame)
-        ]
+    encode = binary_frames if args.encoding == "binary" else json_frames
+    make, frame_bytes = encode(X, y, args.frame)
     events: list[tuple[float, int]] = []
     opened = asyncio.Event()
     ev_task = None
     if args.events:
         ev_task = asyncio.create_task(_events(base + "/events?interval_ms=10", events, opened))
         await asyncio.wait_for(opened.wait(), 10)
-    conns = [_Connection(i, chunks, args.frame, args.window) for i in range(args.connections)]
+    conns = [_Connection(i, make, args.frame, args.window) for i in range(args.connections)]
     async with contextlib.AsyncExitStack() as stack:
         sockets = [
             await stack.enter_async_context(
@@ -187,6 +256,8 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
             )
             for _ in conns
         ]
+        for ws in sockets:
+            check_frames_header(ws, args.encoding)
         receivers = [
             asyncio.create_task(c.receive_loop(ws)) for c, ws in zip(conns, sockets, strict=True)
         ]
@@ -209,8 +280,10 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
     samples_steady = sum(a[2] for a in steady)
     out: dict[str, Any] = {
         "kind": "ws",
+        "encoding": args.encoding,
         "dim": args.dim,
         "frame": args.frame,
+        "frame_bytes": frame_bytes,
         "window": args.window,
         "connections": args.connections,
         "offered_rate": args.rate,
@@ -219,6 +292,7 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
         "frames_acked": len(acks),
         "samples_acked": int(sum(a[2] for a in acks)),
         "frame_errors": sum(c.errors for c in conns),
+        "first_error": next((c.first_error for c in conns if c.first_error is not None), None),
         "steady_wall": [t0_wall + warm, t_end_wall],
         "generator_cpu_run_s": cpu_run * (t_end_wall - t0_wall - warm) / (t_end_wall - t0_wall),
         "throughput": samples_steady / span if span > 0 else float("nan"),
@@ -276,21 +350,31 @@ class RawPool:
     pool rescans every waiting request on each change (quadratic in the backlog), so at 500-1000
     requests/s the generator, not the service, set the latency. This client costs tens of
     microseconds per request: at most ``size`` persistent connections, FIFO hand-over of a
-    freed connection to the oldest waiter, ``Content-Length`` or chunked bodies.
+    freed connection to the oldest waiter, ``Content-Length`` or chunked bodies. A connection
+    idle for ``IDLE_S`` is closed rather than reused: uvicorn closes one idle for 5 s (its
+    ``timeout_keep_alive``), and a request written on it as it closes gets no answer.
     """
+
+    IDLE_S = 4.0
 
     def __init__(self, url: str, size: int) -> None:
         parts = httpx.URL(url)
         self.host, self.port = parts.host, parts.port or 80
         self.size = size
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        # (reader, writer, when it was freed), the most recently freed last
+        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter, float]] = []
         self.waiters: deque[asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
         self.waiters = deque()
         self.opened = 0
 
     async def _acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        stale = time.monotonic() - self.IDLE_S
+        while self.idle and self.idle[0][2] < stale:  # the oldest first
+            self.idle.pop(0)[1].close()
+            self.opened -= 1
         if self.idle:
-            return self.idle.pop()
+            reader, writer, _ = self.idle.pop()
+            return reader, writer
         if self.opened < self.size:
             self.opened += 1
             try:
@@ -298,6 +382,7 @@ class RawPool:
             except OSError:
                 self.opened -= 1
                 raise
+        waiter: asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]
         waiter = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         return await waiter
@@ -311,7 +396,7 @@ class RawPool:
             if not waiter.done():
                 waiter.set_result(conn)
                 return
-        self.idle.append(conn)
+        self.idle.append((*conn, time.monotonic()))
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
         conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = await self._acquire()
@@ -351,7 +436,7 @@ class RawPool:
             self._release(conn)
 
     async def close(self) -> None:
-        for _, writer in self.idle:
+        for _, writer, _ in self.idle:
             writer.close()
 
 
@@ -533,6 +618,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--frame", type=int, default=64, help="samples per frame / batch")
     parser.add_argument("--window", type=int, default=32, help="WS frames in flight")
+    parser.add_argument(
+        "--encoding", choices=("json", "binary"), default="json", help="WS frame encoding"
+    )
     parser.add_argument("--connections", type=int, default=1, help="WS connections")
     parser.add_argument("--events", action="store_true", help="measure the learner lag (ws)")
     parser.add_argument("--drain", type=float, default=30.0, help="s to wait for the learner")
@@ -553,7 +641,11 @@ def main(argv: list[str] | None = None) -> None:
 
         run = uvloop.run
     started = time.process_time()
-    result = run(RUNNERS[args.kind](args))
+    try:
+        result = run(RUNNERS[args.kind](args))
+    except LoadgenError as exc:
+        print(f"benchmarks.loadgen: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     result["generator_cpu_s"] = time.process_time() - started
     result["generator_pid"] = os.getpid()
     text = json.dumps(result, indent=1)
