@@ -494,7 +494,8 @@ class ModelRuntime:
         if self._room_waiters == 0 and self.unapplied <= limit:
             self._appending += samples
             return True
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         self._room_waiters += 1
         try:
             async with self._room:
@@ -510,6 +511,7 @@ class ModelRuntime:
                 return True
         finally:
             self._room_waiters -= 1
+            telemetry.BACKPRESSURE_WAIT.labels(self.name).observe(time.monotonic() - started)
 
     def done_appending(self, samples: int) -> None:
         """The append admitted by :meth:`wait_room` finished (logged: ``logged_seq`` counts

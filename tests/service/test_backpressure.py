@@ -10,7 +10,14 @@ import numpy as np
 from websockets.sync.client import connect
 
 from clients._wire import binary_frame
-from tests.service.support import ServiceProcess, core_learner, make_model, stream
+from tests.service.support import (
+    ServiceProcess,
+    core_learner,
+    make_model,
+    scrape,
+    series,
+    stream,
+)
 
 
 def test_unapplied_samples_stay_bounded_under_a_flood(tmp_path: Path, redis_url: str) -> None:
@@ -45,6 +52,8 @@ def test_unapplied_samples_stay_bounded_under_a_flood(tmp_path: Path, redis_url:
             sender.join()
             assert len(acked) == n // frame
             assert 0 < worst <= limit + frame, worst
+            waits = series(scrape(api), "opml_ingest_backpressure_wait_seconds_count", model="bp")
+            assert sum(waits.values()) >= 1  # frames did wait, and the operator can see it
             got = api.get("/v1/models/bp/metric", params={"min_version": n}).json()
         ref = core_learner(X, y, dim=d, gamma=0.01, seed=2)
         assert got["version"] == n
@@ -73,5 +82,7 @@ def test_without_the_bound_the_same_flood_runs_ahead_of_the_learner(
                     body = api.get("/v1/models/nb").json()
                     worst = max(worst, body["logged_seq"] - body["version"])
             assert worst > 2 * (100 + frame), worst
+            waits = series(scrape(api), "opml_ingest_backpressure_wait_seconds_count", model="nb")
+            assert sum(waits.values()) == 0
     finally:
         svc.stop()

@@ -189,7 +189,7 @@ def test_schemathesis_finds_no_5xx_and_no_state_change_on_rejection(
         version = before["model"]["version"]
         query = case.query if isinstance(case.query, dict) else {}
         if _as_number(query.get("min_version"), default=-1) > version:
-            query["min_version"] = version  # a wait that must run out costs 0.5 s: tested elsewhere
+            query["min_version"] = version  # a wait that must run out costs 3 s: tested elsewhere
         try:
             response = case.call(base_url=service.url, session=session, timeout=30)
         except (requests.exceptions.InvalidHeader, ValueError, UnicodeError):
