@@ -228,7 +228,12 @@ class AsyncOPMLClient:
         while True:
             try:
                 response = await self._http.request(
-                    call.method, call.path, json=call.json, params=call.params, headers=call.headers
+                    call.method,
+                    call.path,
+                    json=call.json,
+                    content=call.content,
+                    params=call.params,
+                    headers=call.headers,
                 )
                 if response.is_success:
                     return call.parse(response)
@@ -352,9 +357,16 @@ class AsyncOPMLClient:
         return await self._send(_wire.distance(name, a, b, min_version))
 
     async def distances(
-        self, name: str, a: Any, B: Any, *, min_version: int | None = None
+        self,
+        name: str,
+        a: Any,
+        B: Any,
+        *,
+        min_version: int | None = None,
+        binary: bool | None = None,
     ) -> Distances:
-        return await self._send(_wire.distances(name, a, B, min_version))
+        """One to many; ``binary`` as in :meth:`OPMLClient.distances` (.npz / .npy)."""
+        return await self._send(_wire.distances(name, a, B, min_version, binary))
 
     async def verify(
         self,

@@ -246,7 +246,12 @@ class OPMLClient:
         while True:
             try:
                 response = self._http.request(
-                    call.method, call.path, json=call.json, params=call.params, headers=call.headers
+                    call.method,
+                    call.path,
+                    json=call.json,
+                    content=call.content,
+                    params=call.params,
+                    headers=call.headers,
                 )
                 if response.is_success:
                     return call.parse(response)
@@ -385,9 +390,22 @@ class OPMLClient:
         """Distance between vectors ``a`` and ``b`` under the live metric (Eqs. 1, 2)."""
         return self._send(_wire.distance(name, a, b, min_version))
 
-    def distances(self, name: str, a: Any, B: Any, *, min_version: int | None = None) -> Distances:
-        """Distances from ``a`` to every row of ``B`` (one to many)."""
-        return self._send(_wire.distances(name, a, B, min_version))
+    def distances(
+        self,
+        name: str,
+        a: Any,
+        B: Any,
+        *,
+        min_version: int | None = None,
+        binary: bool | None = None,
+    ) -> Distances:
+        """Distances from ``a`` to every row of ``B`` (one to many).
+
+        ``binary``: send the gallery as an ``.npz`` body and read the answer as ``.npy`` bytes
+        (no JSON numbers either way; float32 arrays go as float32). None (default): when ``B``
+        is a 2-D numpy array of at least ``_wire.BINARY_GALLERY_VALUES`` values; False: JSON.
+        """
+        return self._send(_wire.distances(name, a, B, min_version, binary))
 
     def verify(
         self,

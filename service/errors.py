@@ -164,7 +164,8 @@ _HTTP_TITLES = {
 }
 
 
-def _http_error(status: int, detail: str) -> ServiceError:
+def http_error(status: int, detail: str) -> ServiceError:
+    """The problem for a Starlette ``HTTPException`` (unknown route, wrong method, 413)."""
     error = ServiceError(detail)
     error.status = status
     error.title, error.slug = _HTTP_TITLES.get(status, ("HTTP error", f"http-{status}"))
@@ -195,7 +196,7 @@ def install(app: FastAPI) -> None:
 
     async def on_http(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return problem_response(_http_error(exc.status_code, str(exc.detail)))
+        return problem_response(http_error(exc.status_code, str(exc.detail)))
 
     async def on_redis(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RedisError)

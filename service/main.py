@@ -8,15 +8,18 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from service import errors, telemetry
 from service.api import auth
+from service.api.fast import FastQueries
 from service.api.limits import BodyLimit
 from service.api.main import api_router
 from service.config import Settings, get_settings
@@ -76,13 +79,29 @@ share idempotency: a resend in either is acknowledged with the original seqs). A
 (short, header not JSON, block of the wrong length, NaN/Inf in the block: `errors[0].loc =
 ["block", row]`) is answered by an `error` frame; the connection stays open. Answers: one
 `{"ack", "first_seq", "last_seq"}` or `{"error", "id"}` text frame per client frame, in order.
+
+**Binary one-to-many `POST /v1/models/{name}/distance`**: `Content-Type: application/x-npz`,
+the bytes of `np.savez(f, a=a, b=B)` (a: (d,), B: (n, d), float64 or float32; never unpickled;
+at most `OPML_MAX_BODY_BYTES` as float64); refusals are 422 problems naming `body`, `body.a` or
+`body.b`. `Accept: application/x-npy` (either body) answers the squared distances as `.npy`
+bytes (float64, (n,)) with header `X-Version`.
 """
+
+
+#: FastAPI's native OpenTelemetry (newer FastAPI) looks for a configured provider on every
+#: request (environment lookups, ~10 us each time); the service exports Prometheus metrics.
+_NO_OTEL: dict[str, Any] = (
+    {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     """A configured application (nothing starts until its lifespan runs)."""
     settings = settings or get_settings()
     app = FastAPI(
+        **_NO_OTEL,
         title="opml-service",
         version="1.0.0",
         summary="Streaming online metric learning (OPML / COPML) with a durable Redis log.",
@@ -94,6 +113,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     errors.install(app)
     app.include_router(api_router)
     auth.document(app)
+    # innermost: the lean path of distance/verify, wrapped by the body limit, auth and metrics
+    app.add_middleware(FastQueries)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # before BodyLimit and the routes: a caller without the right key never gets a body read
     app.add_middleware(auth.Authenticate, keys=KeyRing.parse(settings.api_keys))

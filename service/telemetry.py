@@ -68,6 +68,13 @@ IDEMPOTENT_REPLAYS = Counter(
     "Ingestion requests/frames answered from their Idempotency-Key / frame-id record.",
     ["model", "transport"],
 )
+BACKPRESSURE_WAIT = Histogram(
+    "opml_ingest_backpressure_wait_seconds",
+    "Time an ingestion request/frame waited for the learner before being appended (only those "
+    "that had to wait: more than OPML_MAX_UNAPPLIED samples were unapplied).",
+    ["model"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 HTTP_DURATION = Histogram(
     "opml_http_request_duration_seconds",
     "HTTP request latency by method, route template and status code (RED: rate, errors, duration).",
@@ -143,6 +150,7 @@ _PER_MODEL = (
     SAMPLES_ACCEPTED,
     SAMPLES_REJECTED,
     IDEMPOTENT_REPLAYS,
+    BACKPRESSURE_WAIT,
     EVENTS_DROPPED,
     STEPS,
     UPDATE_DURATION,
@@ -163,6 +171,24 @@ def forget_model(name: str) -> None:
     """Remove every labelled series of a deleted model."""
     for metric in _PER_MODEL:
         metric.remove_by_labels({"model": name})
+    for key in [k for k in _VERIFY_CHILDREN if k[0] == name]:
+        del _VERIFY_CHILDREN[key]
+
+
+#: ``VERIFY_DECISIONS`` children by (model, same, source): ``.labels()`` (label tuple, lock,
+#: lookup) costs microseconds on the hottest query; a dict hit does not.
+_VERIFY_CHILDREN: dict[tuple[str, bool, str], Counter] = {}
+
+
+def verify_decision(name: str, same: bool, source: str) -> None:
+    """Count one verify answer."""
+    key = (name, same, source)
+    child = _VERIFY_CHILDREN.get(key)
+    if child is None:
+        child = _VERIFY_CHILDREN[key] = VERIFY_DECISIONS.labels(
+            name, "same" if same else "different", source
+        )
+    child.inc()
 
 
 # -- model state, read at scrape time -------------------------------------------------------
@@ -264,10 +290,15 @@ def _route_template(scope: Scope) -> str:
 
 
 class HttpMetrics:
-    """ASGI middleware: ``opml_http_request_duration_seconds`` by method, route, status."""
+    """ASGI middleware: ``opml_http_request_duration_seconds`` by method, route, status.
+
+    The histogram children are kept by (method, route template, status): a bounded set (the
+    routes are fixed), and a dict hit instead of ``.labels()`` on every request.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
+        self._children: dict[tuple[str, str, int], Histogram] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -279,15 +310,17 @@ class HttpMetrics:
         async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
-                status = int(message["status"])
+                status = message["status"]
             await send(message)
 
         try:
             await self.app(scope, receive, send_status)
         finally:
-            HTTP_DURATION.labels(scope["method"], _route_template(scope), str(status)).observe(
-                time.perf_counter() - start
-            )
+            key = (scope["method"], _route_template(scope), int(status))
+            child = self._children.get(key)
+            if child is None:
+                child = self._children[key] = HTTP_DURATION.labels(key[0], key[1], str(key[2]))
+            child.observe(time.perf_counter() - start)
 
 
 def render() -> tuple[bytes, str]:

@@ -18,16 +18,26 @@ class BodyLimit:
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.too_large = f"the body exceeds {max_bytes} bytes (OPML_MAX_BODY_BYTES)"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        too_large = f"the body exceeds {self.max_bytes} bytes (OPML_MAX_BODY_BYTES)"
+        declared = None
         for key, value in scope["headers"]:
-            if key == b"content-length" and value.isdigit() and int(value) > self.max_bytes:
-                await problem_response(PayloadTooLarge(too_large))(scope, receive, send)
+            if key == b"content-length":
+                declared = value
+            elif key == b"transfer-encoding":
+                declared = b"chunked"  # counted as it streams, whatever a length says
+                break
+        if declared is not None and declared.isdigit():
+            if int(declared) > self.max_bytes:
+                await problem_response(PayloadTooLarge(self.too_large))(scope, receive, send)
                 return
+            # The HTTP parser delivers exactly Content-Length bytes: nothing to count.
+            await self.app(scope, receive, send)
+            return
         seen = 0
 
         async def counted() -> Message:
@@ -37,7 +47,7 @@ class BodyLimit:
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
                     # an HTTPException passes FastAPI's body parsing unchanged -> 413 problem
-                    raise HTTPException(413, too_large)
+                    raise HTTPException(413, self.too_large)
             return message
 
         await self.app(scope, counted, send)

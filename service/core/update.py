@@ -340,8 +340,9 @@ def triplet_step(L: Array, ab: Array, gamma: float, margin: float) -> StepResult
     ('triplet_update', 0.5, [[2.0, 0.0], [0.0, 0.995]])
     """
     out = np.empty(4)
-    code, _ = _triplet(L, np.ascontiguousarray(ab, dtype=np.float64), gamma, margin,
-                       float(np.abs(L).max()), out)
+    code, _ = _triplet(
+        L, np.ascontiguousarray(ab, dtype=np.float64), gamma, margin, float(np.abs(L).max()), out
+    )
     return _single(code, out)
 
 
@@ -353,6 +354,7 @@ def pair_step(L: Array, delta: Array, gamma: float) -> StepResult:
     ('pair_update', [[0.5, 0.0], [0.0, 1.0]])
     """
     out = np.empty(4)
-    code, _ = _pair(L, np.ascontiguousarray(delta, dtype=np.float64), gamma,
-                    float(np.abs(L).max()), out)
+    code, _ = _pair(
+        L, np.ascontiguousarray(delta, dtype=np.float64), gamma, float(np.abs(L).max()), out
+    )
     return _single(code, out)

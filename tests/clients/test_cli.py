@@ -182,7 +182,9 @@ def test_serve_runs_the_service_on_its_embedded_redis(tmp_path: Path) -> None:
     try:
         created = subprocess.run(
             [OPML, "--url", url, "models", "create", "kept", "--dim", "2", "--json"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert created.returncode == 0, created.stderr
     finally:
@@ -192,7 +194,9 @@ def test_serve_runs_the_service_on_its_embedded_redis(tmp_path: Path) -> None:
     try:
         listed = subprocess.run(
             [OPML, "--url", url, "models", "list", "--json"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
         assert [m["name"] for m in json.loads(listed.stdout)["models"]] == ["kept"]
     finally:

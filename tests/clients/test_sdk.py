@@ -7,6 +7,7 @@ import json
 import socket
 from collections.abc import Callable
 
+import httpx
 import numpy as np
 import pytest
 
@@ -316,3 +317,77 @@ def test_binary_frame_goes_as_json_to_a_service_without_binary_frames() -> None:
     }  # fmt: skip
     with pytest.raises(ValueError, match="row 1 contains NaN"):
         _wire.Window(4, RetryPolicy(), None, binary=True).frame([[1, 2], [np.nan, 1]], [1, 2], 1)
+
+
+def _content_types(client: OPMLClient | AsyncOPMLClient) -> list[str]:
+    """Record the Content-Type of every request the client sends from now on."""
+    seen: list[str] = []
+
+    def hook(request: httpx.Request) -> None:
+        seen.append(request.headers.get("content-type", ""))
+
+    async def ahook(request: httpx.Request) -> None:
+        hook(request)
+
+    client._http.event_hooks["request"].append(  # type: ignore[arg-type]
+        ahook if isinstance(client, AsyncOPMLClient) else hook
+    )
+    return seen
+
+
+def test_a_numpy_gallery_goes_binary_and_equals_json(client: OPMLClient, name: str) -> None:
+    d = 16
+    X, y = stream(200, d, 4, seed=8)
+    client.create_model(name, d, **HYPER)
+    client.ingest(name, X, y, wait=True)
+    reference = core_learner(X, y, dim=d, **HYPER)
+    rng = np.random.default_rng(1)
+    B = rng.normal(size=(300, d))  # 4,800 values: over BINARY_GALLERY_VALUES
+    B[5] = X[0]
+    sent = _content_types(client)
+    binary = client.distances(name, X[0], B)
+    assert sent == ["application/x-npz"]
+    as_json = client.distances(name, X[0], B, binary=False)
+    small = client.distances(name, X[0], B[:3])  # a small gallery stays JSON
+    assert sent == ["application/x-npz", "application/json", "application/json"]
+    assert isinstance(binary.distances, np.ndarray) and binary.distances.dtype == np.float64
+    assert binary.version == as_json.version == 200 and binary.distances[5] == 0.0
+    np.testing.assert_array_equal(binary.squared_distances, as_json.squared_distances)
+    np.testing.assert_array_equal(binary.distances, as_json.distances)
+    # 3 rows (< 4d) are mapped by L, 300 by its QR factor R: equal up to rounding
+    np.testing.assert_allclose(small.squared_distances, as_json.squared_distances[:3], rtol=1e-12)
+    np.testing.assert_allclose(
+        binary.squared_distances, reference.squared_distances(X[0], B), rtol=1e-12
+    )
+    forced = client.distances(name, X[0].tolist(), B[:3].tolist(), binary=True)
+    np.testing.assert_array_equal(forced.squared_distances, small.squared_distances)
+    B32 = B.astype(np.float32)  # float32 goes as float32: the values it holds, exactly
+    np.testing.assert_array_equal(
+        client.distances(name, X[0], B32).squared_distances,
+        client.distances(name, X[0], B32.astype(np.float64), binary=False).squared_distances,
+    )
+    with pytest.raises(ValueError, match="row 2"):
+        client.distances(name, X[0], np.where(np.arange(300)[:, None] == 2, np.nan, B))
+    with pytest.raises(InvalidInput) as wrong_dim:
+        client.distances(name, X[0], rng.normal(size=(300, d + 1)))
+    assert wrong_dim.value.status == 422
+
+
+def test_async_numpy_gallery_goes_binary(service: ServiceProcess, name: str) -> None:
+    X, y = stream(60, 8, 3, seed=2)
+
+    async def run() -> None:
+        async with AsyncOPMLClient(service.url, retry=FAST_RETRY) as c:
+            await c.create_model(name, 8, **HYPER)
+            await c.ingest(name, X, y, wait=True)
+            B = np.random.default_rng(3).normal(size=(600, 8))
+            sent = _content_types(c)
+            binary = await c.distances(name, X[0], B)
+            as_json = await c.distances(name, X[0], B, binary=False)
+            assert sent == ["application/x-npz", "application/json"]
+            assert binary.version == as_json.version == 60
+            np.testing.assert_array_equal(binary.distances, as_json.distances)
+            np.testing.assert_array_equal(binary.squared_distances, as_json.squared_distances)
+            await c.delete_model(name)
+
+    asyncio.run(run())

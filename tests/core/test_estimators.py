@@ -83,7 +83,11 @@ def test_hyperparameters_reach_the_learner() -> None:
     m = COPML(gamma=0.02, gamma_pair=0.3, margin=2.5, normalize="l2", random_state=7).fit(X, y)
     config = m.learner_.config
     assert (config.gamma, config.gamma_pair, config.margin, config.normalize, config.seed) == (
-        0.02, 0.3, 2.5, "l2", 7,
+        0.02,
+        0.3,
+        2.5,
+        "l2",
+        7,
     )
     assert m.learner_.config.algorithm == "copml"
     assert OPML().fit(X, y).learner_.config.algorithm == "opml"

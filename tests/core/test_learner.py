@@ -140,8 +140,14 @@ def test_learn_many_equals_the_learn_one_loop(algorithm: str, normalize: str, d:
     X, y = stream(400 if d < 300 else 120, d, 4, seed=d)
     X[:30] = X[:1]  # a single-class, repeated-sample prefix
     y[:30] = y[0]
-    config = LearnerConfig(dim=d, algorithm=algorithm, gamma=0.05,  # type: ignore[arg-type]
-                           normalize=normalize, margin=2.0, seed=9)  # type: ignore[arg-type]
+    config = LearnerConfig(
+        dim=d,
+        algorithm=algorithm,
+        gamma=0.05,  # type: ignore[arg-type]
+        normalize=normalize,
+        margin=2.0,
+        seed=9,
+    )  # type: ignore[arg-type]
     one, many = Learner(config), Learner(config)
     loop_results = [one.learn_one(x, label) for x, label in zip(X, y, strict=True)]
     batch_results = many.learn_many(X, y)

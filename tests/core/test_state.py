@@ -35,8 +35,14 @@ def test_resume_at_a_random_cut_is_bit_identical(algorithm: str, seed: int) -> N
     rng = np.random.default_rng(100 + seed)
     d = int(rng.choice([2, 21, 64]))
     X, y = make_stream(600, d, int(rng.integers(2, 12)), seed)
-    config = LearnerConfig(dim=d, algorithm=algorithm, gamma=0.02, margin=2.0,  # type: ignore[arg-type]
-                           seed=seed, calibration_window=50)
+    config = LearnerConfig(
+        dim=d,
+        algorithm=algorithm,
+        gamma=0.02,
+        margin=2.0,  # type: ignore[arg-type]
+        seed=seed,
+        calibration_window=50,
+    )
     cut = int(rng.integers(0, 600))
     whole = Learner(config)
     whole.learn_many(X, y)

@@ -169,6 +169,7 @@ def test_one_script_appends_groups_each_with_its_own_outcome(redis_url: str) -> 
         model = f"groups-{time.time_ns()}"
         try:
             await store.create_model(model, {}, time.time())
+
             def group(keys: list[str], field: str, fp: str) -> Group:  # d = 1: x_i = i
                 return Group(encode_vector(np.arange(len(keys))), keys, field, fp)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import websockets
 from websockets.sync.client import connect
@@ -127,6 +129,22 @@ def test_rejected_callers_change_nothing_and_large_bodies_are_not_read(
         assert json.loads(body)["status"] == 401
         after = client.get("/v1/models/sec", headers=auth("query")).json()["logged_seq"]
     assert after == before
+
+
+def test_a_binary_gallery_needs_the_query_scope(secured: ServiceProcess) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, a=np.ones(2), b=np.ones((3, 2)))
+    npz = {"content-type": "application/x-npz"}
+    with secured.client() as client:
+
+        def call(scope: str | None) -> httpx.Response:
+            headers = {**npz, **auth(scope)}
+            return client.post("/v1/models/sec/distance", content=buf.getvalue(), headers=headers)
+
+        assert_problem(call(None), 401)
+        assert assert_problem(call("ingest"), 403)["required_scope"] == "query"
+        answer = call("query")
+        assert answer.status_code == 200 and len(answer.json()["distances"]) == 3
 
 
 def test_probes_metrics_and_docs_are_open(secured: ServiceProcess) -> None:

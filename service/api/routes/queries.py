@@ -1,10 +1,22 @@
-"""Queries: pure reads of one snapshot; every answer carries its ``version``."""
+"""Queries: pure reads of one snapshot; every answer carries its ``version``.
+
+``distance`` and ``verify`` are the hot queries: besides these routes (the reference, and what
+the OpenAPI schema documents), :mod:`service.api.fast` answers them without FastAPI's
+per-request machinery; both call :func:`distance_answer` / :func:`verify_answer` below.
+
+One-to-many ``distance`` also takes a binary gallery: an ``.npz`` body
+(``Content-Type: application/x-npz``, ``np.savez(f, a=a, b=B)``: ``a`` of shape (d,), ``b`` of
+shape (n, d), float64 or float32; read by :func:`service.models.inputs.npz_arrays`, only in
+:mod:`service.api.fast`), and answers ``Accept: application/x-npy`` (either body) with the
+squared distances as ``.npy`` bytes and the version in header ``X-Version``.
+"""
 
 from __future__ import annotations
 
-import io
+import asyncio
 import json
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import numpy as np
@@ -12,7 +24,10 @@ from fastapi import APIRouter, Header, Response
 
 from service import telemetry
 from service.api.deps import MinVersionDep, ModelsDep, NameDep
+from service.core._validation import Array
 from service.models import inputs
+from service.models.inputs import NPY, NPZ
+from service.models.runtime import Snapshot
 from service.models.schemas import (
     DistanceBody,
     DistanceOut,
@@ -29,33 +44,53 @@ from service.models.service import model_body, verify_threshold
 
 router = APIRouter(prefix="/v1/models/{name}", tags=["queries"])
 
-NPY = "application/x-npy"
+#: A one-to-many gallery of at least this many values is computed in a worker thread (BLAS
+#: releases the GIL): the event loop keeps answering other requests meanwhile.
+THREAD_VALUES = 1 << 16
+#: ... in one of these threads, not the default executor the learners use: a burst of large
+#: galleries queues here instead of holding back learning (2 cores: 2 threads are plenty).
+_GALLERY_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-gallery")
+
+_BINARY = {"schema": {"type": "string", "format": "binary"}}
+
+
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def _json(content: dict[str, Any]) -> Response:
-    """Plain ``json.dumps`` (large matrices skip pydantic re-validation; NaN is impossible)."""
-    return Response(
-        json.dumps(content, allow_nan=False, separators=(",", ":")),
-        media_type="application/json",
-    )
+    """Plain JSON (large matrices skip pydantic re-validation; NaN is impossible)."""
+    return Response(_ENCODER.encode(content), media_type="application/json")
 
 
-@router.post(
-    "/distance",
-    response_model=DistanceOut | DistancesOut,
-    responses={200: {"description": "One pair, or one to many when b is a list of vectors."}},
-)
-async def distance(
-    name: NameDep, body: DistanceBody, models: ModelsDep, min_version: MinVersionDep = None
-) -> Response:
-    """``squared_distance = ||L(a - b)||^2`` (Eq. 2), ``distance`` its square root (Eq. 1)."""
-    snap = await models.snapshot(name, min_version)
+def wants_npy(accept: str | None) -> bool:
+    """``Accept`` asks for ``.npy`` bytes (as ``GET metric`` reads it)."""
+    return bool(accept) and NPY in accept  # type: ignore[operator]
+
+
+async def squared_distances(snap: Snapshot, a: Array, B: Array) -> Array:
+    """``||L(a - b_i)||^2`` for a validated gallery; 422 if a value overflows float64."""
+    if B.size >= THREAD_VALUES:
+        loop = asyncio.get_running_loop()
+        sq = await loop.run_in_executor(_GALLERY_THREADS, snap.metric.squared_distances, a, B)
+    else:
+        sq = snap.metric.squared_distances(a, B)
+    return inputs.finite_or_422(sq, "squared_distance")
+
+
+async def distance_answer(snap: Snapshot, a: Any, b: Any, *, npy: bool) -> Response:
+    """The answer of ``distance``: ``a`` a vector; ``b`` a vector, a list of vectors, or an
+    (n, d) array (a binary body, shape already checked)."""
     d = snap.metric.dim
-    a = inputs.vector(body.a, d, ["body", "a"])
-    if body.b and isinstance(body.b[0], list):
-        B = inputs.matrix(body.b, d, ["body", "b"])
-        with np.errstate(all="ignore"):
-            sq = inputs.finite_or_422(snap.metric.squared_distances(a, B), "squared_distance")
+    va = inputs.vector(a, d, ["body", "a"])
+    if isinstance(b, np.ndarray) or (b and isinstance(b[0], list)):
+        if isinstance(b, np.ndarray):
+            B = inputs.gallery(b, d, ["body", "b"])
+        else:
+            B = inputs.matrix(b, d, ["body", "b"])
+        sq = await squared_distances(snap, va, B)
+        if npy:
+            headers = {"X-Version": str(snap.version)}
+            return Response(inputs.npy_bytes(sq), media_type=NPY, headers=headers)
         return _json(
             {
                 "distances": np.sqrt(sq).tolist(),
@@ -63,36 +98,84 @@ async def distance(
                 "version": snap.version,
             }
         )
-    b = inputs.vector(body.b, d, ["body", "b"])  # type: ignore[arg-type]
-    with np.errstate(all="ignore"):
-        value = snap.metric.squared_distance(a, b)
-    inputs.finite_or_422(np.array([value]), "squared_distance")
+    vb = inputs.vector(b, d, ["body", "b"])
+    value = snap.metric.squared_distance(va, vb)  # overflow: inf, quietly (the core's errstate)
+    if not math.isfinite(value):
+        inputs.finite_or_422(np.array([value]), "squared_distance")
     return _json({"distance": math.sqrt(value), "squared_distance": value, "version": snap.version})
+
+
+def verify_answer(name: str, snap: Snapshot, a: Any, b: Any, threshold: float | None) -> Response:
+    """The answer of ``verify`` (and its ``opml_verify_decisions_total`` count)."""
+    d = snap.metric.dim
+    va = inputs.vector(a, d, ["body", "a"])
+    vb = inputs.vector(b, d, ["body", "b"])
+    value = snap.metric.squared_distance(va, vb)
+    if not math.isfinite(value):
+        inputs.finite_or_422(np.array([value]), "squared_distance")
+    limit, source = verify_threshold(snap, snap.metric.config.margin, threshold)
+    same = value <= limit
+    telemetry.verify_decision(name, same, source)
+    return _json(
+        {
+            "same": same,
+            "squared_distance": value,
+            "threshold": limit,
+            "calibrated": snap.calibration.calibrated,
+            "threshold_source": source,
+            "version": snap.version,
+        }
+    )
+
+
+@router.post(
+    "/distance",
+    response_model=DistanceOut | DistancesOut,
+    responses={
+        200: {
+            "description": "One pair, or one to many when b is a list of vectors (or the "
+            "binary gallery); with `Accept: application/x-npy`, one to many answers the "
+            "squared distances as .npy bytes (float64, shape (n,)) and header X-Version.",
+            "content": {NPY: _BINARY},
+        }
+    },
+    openapi_extra={
+        "requestBody": {
+            "description": "JSON `{a, b}`, b one vector or a list of vectors; or, one to many "
+            "with a binary gallery, `application/x-npz`: the bytes of `np.savez(f, a=a, b=B)`, "
+            "a of shape (d,) and B of shape (n, d), float64 or float32 (no pickle; at most "
+            "OPML_MAX_BODY_BYTES as float64); errors name body.a / body.b.",
+            "content": {NPZ: _BINARY},
+        }
+    },
+)
+async def distance(
+    name: NameDep,
+    body: DistanceBody,
+    models: ModelsDep,
+    min_version: MinVersionDep = None,
+    accept: Annotated[str | None, Header()] = None,
+) -> Response:
+    """``squared_distance = ||L(a - b)||^2`` (Eq. 2), ``distance`` its square root (Eq. 1).
+
+    One to many: ``b`` a list of vectors, or a binary gallery: ``Content-Type:
+    application/x-npz`` with the bytes of ``np.savez(f, a=a, b=B)`` (``a`` (d,), ``B`` (n, d),
+    float64 or float32; never unpickled; at most OPML_MAX_BODY_BYTES as float64; refusals are
+    422 naming ``body``, ``body.a`` or ``body.b``). ``Accept: application/x-npy`` answers one to
+    many with the squared distances as ``.npy`` bytes (float64, shape (n,)) and header
+    ``X-Version``; JSON otherwise.
+    """
+    snap = await models.snapshot(name, min_version)
+    return await distance_answer(snap, body.a, body.b, npy=wants_npy(accept))
 
 
 @router.post("/verify", response_model=VerifyOut)
 async def verify(
     name: NameDep, body: VerifyBody, models: ModelsDep, min_version: MinVersionDep = None
-) -> VerifyOut:
+) -> Response:
     """``same = squared_distance <= threshold``; the threshold's source is reported."""
     snap = await models.snapshot(name, min_version)
-    d = snap.metric.dim
-    a = inputs.vector(body.a, d, ["body", "a"])
-    b = inputs.vector(body.b, d, ["body", "b"])
-    with np.errstate(all="ignore"):
-        value = snap.metric.squared_distance(a, b)
-    inputs.finite_or_422(np.array([value]), "squared_distance")
-    threshold, source = verify_threshold(snap, snap.metric.config.margin, body.threshold)
-    same = value <= threshold
-    telemetry.VERIFY_DECISIONS.labels(name, "same" if same else "different", source).inc()
-    return VerifyOut(
-        same=same,
-        squared_distance=value,
-        threshold=threshold,
-        calibrated=snap.calibration.calibrated,
-        threshold_source=source,
-        version=snap.version,
-    )
+    return verify_answer(name, snap, body.a, body.b, body.threshold)
 
 
 @router.post("/transform", response_model=TransformOut)
@@ -120,10 +203,9 @@ async def get_metric(
 ) -> Response:
     """``L`` and its version; ``Accept: application/x-npy`` gives the .npy bytes of ``L``."""
     snap = await models.snapshot(name, min_version)
-    if accept and NPY in accept:
-        buf = io.BytesIO()
-        np.save(buf, np.asarray(snap.metric.L), allow_pickle=False)
-        return Response(buf.getvalue(), media_type=NPY, headers={"X-Version": str(snap.version)})
+    if wants_npy(accept):
+        body = inputs.npy_bytes(np.asarray(snap.metric.L))
+        return Response(body, media_type=NPY, headers={"X-Version": str(snap.version)})
     return _json({"L": snap.metric.L.tolist(), "version": snap.version})
 
 
