@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import io
 import json
 import math
 import os
@@ -577,7 +578,14 @@ async def run_gallery(args: argparse.Namespace) -> dict[str, Any]:
     a = rng.normal(size=args.dim)
     B = rng.normal(size=(args.gallery, args.dim))
     decimals = None if args.decimals < 0 else args.decimals
-    body = _dumps({"a": _row(a, decimals), "b": [_row(b, decimals) for b in B]}).encode()
+    headers = {"Content-Type": "application/json"}
+    if args.gallery_encoding == "npz":  # the binary gallery: .npz in, .npy out
+        buf = io.BytesIO()
+        np.savez(buf, a=a, b=B)
+        body = buf.getvalue()
+        headers = {"Content-Type": "application/x-npz", "Accept": "application/x-npy"}
+    else:
+        body = _dumps({"a": _row(a, decimals), "b": [_row(b, decimals) for b in B]}).encode()
     path = f"/v1/models/{args.model}/distance"
     latencies: list[float] = []
     statuses: dict[str, int] = {}
@@ -585,8 +593,11 @@ async def run_gallery(args: argparse.Namespace) -> dict[str, Any]:
         await client.get("/livez")
         for _ in range(args.queries):
             start = time.perf_counter()
-            response = await client.post(path, content=body)
-            _ = response.json()  # the answer is part of the client's wait
+            response = await client.post(path, content=body, headers=headers)
+            if args.gallery_encoding == "npz" and response.status_code == 200:
+                _ = np.load(io.BytesIO(response.content), allow_pickle=False)
+            else:
+                _ = response.json()  # the answer is part of the client's wait
             latencies.append(time.perf_counter() - start)
             key = str(response.status_code)
             statuses[key] = statuses.get(key, 0) + 1
@@ -595,6 +606,7 @@ async def run_gallery(args: argparse.Namespace) -> dict[str, Any]:
         "dim": args.dim,
         "gallery": args.gallery,
         "decimals": decimals,
+        "encoding": args.gallery_encoding,
         "body_bytes": len(body),
         "statuses": statuses,
         "latency": summary(np.array(latencies)),
@@ -632,6 +644,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gallery", type=int, default=10_000)
     parser.add_argument("--queries", type=int, default=5)
     parser.add_argument("--decimals", type=int, default=-1, help="gallery: round (-1: no)")
+    parser.add_argument("--gallery-encoding", choices=("json", "npz"), default="json",
+                        help="gallery: JSON body, or .npz body with a .npy answer")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="write the JSON result here (else stdout)")
     args = parser.parse_args(argv)

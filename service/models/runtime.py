@@ -7,10 +7,12 @@ worker thread, so the event loop keeps answering queries), then publishes an imm
 batch, and each answer's ``version`` is the seq of the last sample applied to that snapshot.
 
 Backpressure (:meth:`ModelRuntime.wait_room`): appends wait while more than
-``OPML_MAX_UNAPPLIED`` samples are logged but unapplied, so the log never runs far ahead of
-the learner: the ack-to-applied lag and the unapplied part of the log stay bounded however hard
-clients push. Batches hold about ``min(OPML_BATCH_MAX, 2^24 / d^2)`` samples (about constant
-learning time per batch), so snapshots are published often at any dimension.
+``OPML_MAX_UNAPPLIED`` samples (by default two batches' worth, at most 2048) are logged but
+unapplied, so the
+log never runs far ahead of the learner: the ack-to-applied lag and the unapplied part of the
+log stay bounded however hard clients push. Batches hold about
+``min(OPML_BATCH_MAX, 2^24 / d^2)`` samples (about constant learning time per batch), so
+snapshots are published often at any dimension.
 
 Start-up: the latest checkpoint (or a fresh learner) plus a replay of the log tail. Because the
 RNG state is part of the checkpoint and the log is the order of application, the result equals
@@ -60,6 +62,8 @@ log = logging.getLogger("service.runtime")
 #: tens of milliseconds whatever the dimension; but never fewer than MIN_BATCH.
 BATCH_WORK = 1 << 24
 MIN_BATCH = 32
+#: Most unapplied samples under the automatic backpressure bound (OPML_MAX_UNAPPLIED = 0).
+AUTO_UNAPPLIED = 2048
 
 
 @dataclass(frozen=True)
@@ -161,6 +165,12 @@ class ModelRuntime:
         #: Samples per batch: OPML_BATCH_MAX, fewer at large d (~ BATCH_WORK / d^2 of them).
         self.samples_per_batch = max(
             MIN_BATCH, min(settings.batch_max, BATCH_WORK // (config.dim * config.dim))
+        )
+        #: Backpressure bound: OPML_MAX_UNAPPLIED, or automatically two batches, at most
+        #: AUTO_UNAPPLIED (about constant learning time, hence lag, at any d: 2048 samples at
+        #: d = 64, 128 at d = 512).
+        self.unapplied_limit = settings.max_unapplied or min(
+            AUTO_UNAPPLIED, max(MIN_BATCH, 2 * self.samples_per_batch)
         )
         self._dirty_since: float | None = None
         self._ckpt_applied: StreamId | None = None
@@ -485,12 +495,12 @@ class ModelRuntime:
         return self.logged_seq + self._appending - self.snapshot.version
 
     async def wait_room(self, samples: int, timeout: float) -> bool:
-        """Backpressure: wait while more than ``OPML_MAX_UNAPPLIED`` samples are unapplied
+        """Backpressure: wait while more than :attr:`unapplied_limit` samples are unapplied
         (False if ``timeout`` runs out); on True, ``samples`` count as unapplied until the
         caller's :meth:`done_appending`. Waiters pass in arrival order, and a caller that finds
         room and nobody waiting returns without suspending, so appends that call this first
         are still logged in call order."""
-        limit = self.settings.max_unapplied
+        limit = self.unapplied_limit
         if self._room_waiters == 0 and self.unapplied <= limit:
             self._appending += samples
             return True

@@ -271,7 +271,7 @@ class ModelService:
         if not room:
             raise Unavailable(
                 f"the learner is {runtime.unapplied} samples behind the log (more than "
-                f"OPML_MAX_UNAPPLIED = {s.max_unapplied}) and did not catch up within "
+                f"{runtime.unapplied_limit}: OPML_MAX_UNAPPLIED) and did not catch up within "
                 f"{s.apply_wait_s:g} s; nothing was logged, retry later",
                 retry_after=2,
             )

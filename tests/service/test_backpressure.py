@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 from websockets.sync.client import connect
 
 from clients._wire import binary_frame
@@ -20,21 +21,26 @@ from tests.service.support import (
 )
 
 
-def test_unapplied_samples_stay_bounded_under_a_flood(tmp_path: Path, redis_url: str) -> None:
+@pytest.mark.parametrize(("setting", "limit"), [("100", 100), ("0", 64)])
+def test_unapplied_samples_stay_bounded_under_a_flood(
+    tmp_path: Path, redis_url: str, setting: str, limit: int
+) -> None:
     """At d = 1024 the learner (~1 ms a sample here) is far slower than binary ingestion, so a
     flood without backpressure would pile thousands of logged samples ahead of it. With
-    OPML_MAX_UNAPPLIED = 100, no observation of the model may show more than 100 + one frame
-    unapplied, and every acknowledged sample is still applied, once, in order."""
-    limit, frame, n, d = 100, 25, 1500, 1024
-    svc = ServiceProcess(tmp_path, redis_url, OPML_MAX_UNAPPLIED=str(limit)).start()
+    OPML_MAX_UNAPPLIED = 100 (or 0: automatic, two batches of 32 at d = 1024), no observation
+    of the model may show more than the bound + one frame unapplied, and every acknowledged
+    sample is still applied, once, in order."""
+    frame, n, d = 25, 1500, 1024
+    model = f"bp{setting}"
+    svc = ServiceProcess(tmp_path, redis_url, OPML_MAX_UNAPPLIED=setting).start()
     X, y = stream(n, d, 3, seed=4)
     acked: list[int] = []
     try:
         with svc.client() as api:
-            make_model(api, "bp", d, gamma=0.01, seed=2)
+            make_model(api, model, d, gamma=0.01, seed=2)
 
             def flood() -> None:  # every frame sent at once: the service's window bounds them
-                with connect(f"{svc.ws_url}/v1/models/bp/stream", max_size=None) as ws:
+                with connect(f"{svc.ws_url}/v1/models/{model}/stream", max_size=None) as ws:
                     for k in range(0, n, frame):
                         ws.send(binary_frame(k, X[k : k + frame], y[k : k + frame]))
                     for _ in range(0, n, frame):
@@ -46,15 +52,15 @@ def test_unapplied_samples_stay_bounded_under_a_flood(tmp_path: Path, redis_url:
             sender.start()
             worst = 0
             while sender.is_alive():
-                body = api.get("/v1/models/bp").json()
+                body = api.get(f"/v1/models/{model}").json()
                 worst = max(worst, body["logged_seq"] - body["version"])
                 time.sleep(0.01)
             sender.join()
             assert len(acked) == n // frame
             assert 0 < worst <= limit + frame, worst
-            waits = series(scrape(api), "opml_ingest_backpressure_wait_seconds_count", model="bp")
+            waits = series(scrape(api), "opml_ingest_backpressure_wait_seconds_count", model=model)
             assert sum(waits.values()) >= 1  # frames did wait, and the operator can see it
-            got = api.get("/v1/models/bp/metric", params={"min_version": n}).json()
+            got = api.get(f"/v1/models/{model}/metric", params={"min_version": n}).json()
         ref = core_learner(X, y, dim=d, gamma=0.01, seed=2)
         assert got["version"] == n
         np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
