@@ -11,9 +11,11 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from subprocess import Popen
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -256,3 +258,39 @@ def suffixed(stem: Path, suffix: str) -> Path:
 
 def fmt(mean: float, std: float) -> str:
     return f"{mean:.3f} ± {std:.3f}"
+
+
+def start_service(env: dict[str, str], cwd: Path, log_path: Path, timeout: float) -> Popen[bytes]:
+    """``python -m service`` with ``env`` (stdout/stderr appended to ``log_path``), once its
+    ``/readyz`` answers 200 on ``OPML_PORT``; the end of its log in the error otherwise."""
+    import httpx  # the core benchmarks do not need it
+
+    log = open(log_path, "ab")  # noqa: SIM115 (the child keeps it)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service"], cwd=cwd, env=env, stdout=log, stderr=log
+    )
+    url = f"http://127.0.0.1:{env['OPML_PORT']}/readyz"
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(log_path.read_text()[-3000:])
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise TimeoutError(log_path.read_text()[-3000:])
+        time.sleep(0.1)
+
+
+def stop_process(proc: Popen[bytes] | None) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within 30 s."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)

@@ -183,7 +183,7 @@ class _Connection:
     """One ingestion connection: a sender bounded by the window and a receiver of acks."""
 
     def __init__(self, index: int, make: Payload, frame: int, window: int) -> None:
-        self.index = index
+        self.index = index  # frame ids index * 10^9 + k: distinct per connection
         self.make = make
         self.frame = frame
         self.window = asyncio.Semaphore(window)
@@ -249,7 +249,10 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
     if args.events:
         ev_task = asyncio.create_task(_events(base + "/events?interval_ms=10", events, opened))
         await asyncio.wait_for(opened.wait(), 10)
-    conns = [_Connection(i, make, args.frame, args.window) for i in range(args.connections)]
+    conns = [
+        _Connection(args.first_id + i, make, args.frame, args.window)
+        for i in range(args.connections)
+    ]
     async with contextlib.AsyncExitStack() as stack:
         sockets = [
             await stack.enter_async_context(
@@ -343,6 +346,9 @@ def _client(url: str, connections: int) -> httpx.AsyncClient:
     )
 
 
+JSON_HEADERS = "Content-Type: application/json\r\n"
+
+
 class RawPool:
     """A minimal HTTP/1.1 keep-alive client for the open-loop measurements.
 
@@ -399,14 +405,17 @@ class RawPool:
                 return
         self.idle.append((*conn, time.monotonic()))
 
-    async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: str = JSON_HEADERS
+    ) -> tuple[int, bytes]:
+        """One request (``headers``: CRLF-terminated header lines); status and body."""
         conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = await self._acquire()
         assert conn is not None
         reader, writer = conn
         try:
             head = (
-                f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n"
-                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{headers}"
+                f"Content-Length: {len(body)}\r\n\r\n"
             )
             writer.write(head.encode() + body)
             status = int((await reader.readline()).split()[1])
@@ -647,6 +656,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gallery-encoding", choices=("json", "npz"), default="json",
                         help="gallery: JSON body, or .npz body with a .npy answer")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--first-id", type=int, default=0,
+                        help="ws: index of the first connection's frame ids (index * 10^9 + k); "
+                        "a run on a model that already saw these ids must start elsewhere, "
+                        "or its frames are idempotent replays")  # fmt: skip
     parser.add_argument("--out", type=Path, help="write the JSON result here (else stdout)")
     args = parser.parse_args(argv)
     run: Callable[[Awaitable[dict[str, Any]]], dict[str, Any]] = asyncio.run  # type: ignore[assignment]

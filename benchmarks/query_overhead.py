@@ -11,8 +11,9 @@ alternation (``--rounds`` rounds; figures are the median over rounds), from this
   offered, open loop (fixed timetable, latency from the scheduled time, at most 64
   connections): p50 / p99 latency and the service's CPU per request (utime + stime of all its
   threads from ``/proc``, over the run, divided by the answers);
-* ``distance`` and ``verify`` at the same rate while a WebSocket ingestion (a separate process,
-  JSON frames of 64 samples, ``--ingest-rate`` samples/s) feeds the same model;
+* ``distance`` and ``verify`` at the same rate while a WebSocket ingestion (``benchmarks.loadgen
+  ws`` as a separate process, JSON frames of 64 samples, ``--ingest-rate`` samples/s) feeds the
+  same model;
 * one-to-many ``distance`` of one vector against 10,000 x 128: a full-precision JSON body
   (~25 MB), the ``.npz`` body with a JSON answer, and ``.npz`` with ``Accept:
   application/x-npy``; sequential queries; latency per query and service CPU per query.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import itertools
 import json
 import os
 import subprocess
@@ -40,7 +42,17 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
+from benchmarks.common import (
+    RESULTS_DIR,
+    command_line,
+    machine_block,
+    machine_info,
+    start_service,
+    stop_process,
+)
+from benchmarks.loadgen import JSON_HEADERS, RawPool, summary
+from benchmarks.loadgen import open_loop as loadgen_open_loop
+from service.storage.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -49,15 +61,6 @@ MODEL = {"normalize": "l2"}  # as benchmarks.service_load: the contract's defaul
 
 
 # -- the services under test ------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -83,31 +86,11 @@ class Service:
             "PYTHONPATH": str(self.root),
         }
         env.pop("OPML_REDIS_URL", None)
-        log = open(self.tmp / "service.log", "ab")  # noqa: SIM115 (the child keeps it)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service"], cwd=self.root, env=env, stdout=log, stderr=log
-        )
-        deadline = time.monotonic() + 90
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError((self.tmp / "service.log").read_text()[-3000:])
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError((self.tmp / "service.log").read_text()[-3000:])
-            time.sleep(0.2)
+        self.proc = start_service(env, self.root, self.tmp / "service.log", timeout=90)
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
 
     def cpu(self) -> float:
         """CPU seconds (user + system) of every thread of the service process."""
@@ -137,138 +120,38 @@ def prepare(service: Service) -> None:
 # -- a lean HTTP/1.1 client (the generator's own cost stays small) ------------------------------
 
 
-class _Closed(Exception):
-    """The server closed the connection before answering."""
+#: Each background ingestion on a service's q64 gets frame ids of its own (a repeat would be
+#: an idempotent replay: acknowledged but not logged, so not load).
+_BACKGROUND_RUNS = itertools.count(1)
 
 
-class Pool:
-    """Keep-alive connections (at most ``size``); FIFO hand-over to waiting requests."""
-
-    def __init__(self, url: str, size: int = 64) -> None:
-        parts = httpx.URL(url)
-        self.host, self.port, self.size = parts.host, parts.port or 80, size
-        self.idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
-        self.waiters: list[asyncio.Future[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = []
-        self.opened = 0
-
-    async def _acquire(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self.idle:
-            return self.idle.pop()
-        if self.opened < self.size:
-            self.opened += 1
-            return await asyncio.open_connection(self.host, self.port, limit=2**26)
-        waiter = asyncio.get_running_loop().create_future()
-        self.waiters.append(waiter)
-        return await waiter
-
-    def _release(self, conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None) -> None:
-        if conn is None:
-            self.opened -= 1
-            return
-        while self.waiters:
-            waiter = self.waiters.pop(0)
-            if not waiter.done():
-                waiter.set_result(conn)
-                return
-        self.idle.append(conn)
-
-    async def request(
-        self, method: str, path: str, body: bytes = b"", headers: str = ""
-    ) -> tuple[int, dict[str, str], bytes]:
-        """One request; sent again once on a fresh connection if the server had closed the
-        idle one it went out on (uvicorn closes keep-alive connections idle for 5 s)."""
-        try:
-            return await self._request(method, path, body, headers)
-        except (ConnectionError, asyncio.IncompleteReadError, _Closed):
-            return await self._request(method, path, body, headers)
-
-    async def _request(
-        self, method: str, path: str, body: bytes, headers: str
-    ) -> tuple[int, dict[str, str], bytes]:
-        conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = await self._acquire()
-        assert conn is not None
-        reader, writer = conn
-        try:
-            head = (
-                f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\n{headers}"
-                f"Content-Length: {len(body)}\r\n\r\n"
-            )
-            writer.write(head.encode() + body)
-            await writer.drain()
-            status_line = await reader.readline()
-            if not status_line:
-                raise _Closed
-            status = int(status_line.split()[1])
-            fields: dict[str, str] = {}
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                key, _, value = line.decode("latin-1").partition(":")
-                fields[key.strip().lower()] = value.strip()
-            return status, fields, await reader.readexactly(int(fields["content-length"]))
-        except BaseException:
-            writer.close()
-            conn = None
-            raise
-        finally:
-            self._release(conn)
-
-    def close(self) -> None:
-        for _, writer in self.idle:
-            writer.close()
-
-
-JSON_HEADERS = "Content-Type: application/json\r\n"
-
-
-def summary_ms(seconds: list[float]) -> dict[str, float]:
-    ms = np.asarray(seconds, dtype=np.float64) * 1e3
-    return {
-        "p50_ms": float(np.percentile(ms, 50)),
-        "p99_ms": float(np.percentile(ms, 99)),
-        "max_ms": float(ms.max()),
-        "n": int(ms.size),
-    }
+def latency_row(result: dict[str, Any]) -> dict[str, Any]:
+    """The figures this report keeps of a latency summary (:func:`loadgen.summary`)."""
+    return {k: result[k] for k in ("p50_ms", "p99_ms", "max_ms", "n")}
 
 
 async def open_loop(
     service: Service, method: str, path: str, bodies: list[bytes], rate: float, seconds: float
 ) -> dict[str, Any]:
-    """``rate`` requests/s on a fixed timetable; latency from each scheduled time."""
-    pool = Pool(service.url)
-    headers = JSON_HEADERS if method == "POST" else ""
+    """``rate`` requests/s on a fixed timetable (:func:`loadgen.open_loop`: latency from each
+    scheduled time), after 50 warm-up requests; with the service's CPU per answer."""
+    pool = RawPool(service.url, 64)
     for i in range(50):  # warm up the connections and the route
-        await pool.request(method, path, bodies[i % len(bodies)], headers)
-    n = int(rate * seconds)
-    latency = [float("nan")] * n
-    errors = 0
-    tasks = set()
+        await pool.request(method, path, bodies[i % len(bodies)])
 
-    async def one(i: int, scheduled: float) -> None:
-        nonlocal errors
-        try:
-            status, _, _ = await pool.request(method, path, bodies[i % len(bodies)], headers)
-        except (OSError, ValueError, IndexError, _Closed, asyncio.IncompleteReadError):
-            status = 0
-        latency[i] = time.perf_counter() - scheduled  # a failure counts with its wait
-        errors += status != 200
+    async def request(i: int) -> int:
+        status, _ = await pool.request(method, path, bodies[i % len(bodies)])
+        return status
 
     cpu0 = service.cpu()
-    t0 = time.perf_counter() + 0.01
-    for i in range(n):
-        scheduled = t0 + i / rate
-        if (delay := scheduled - time.perf_counter()) > 0:
-            await asyncio.sleep(delay)
-        task = asyncio.create_task(one(i, scheduled))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    if tasks:
-        await asyncio.wait(tasks, timeout=120)
+    r = await loadgen_open_loop(request, rate, seconds)
     cpu = service.cpu() - cpu0
-    pool.close()
-    done = [v for v in latency if v == v]
+    await pool.close()
+    answered = r["latency"].get("n", 0)
     return {
-        **summary_ms(done),
-        "errors": errors,
-        "cpu_us_per_request": cpu / max(len(done), 1) * 1e6,
+        **latency_row(r["latency"]),
+        "errors": r["requests"] - r["statuses"].get("200", 0),
+        "cpu_us_per_request": cpu / max(answered, 1) * 1e6,
     }
 
 
@@ -295,11 +178,11 @@ def gallery_bodies() -> dict[str, tuple[str, bytes]]:
 
 
 async def gallery(service: Service, headers: str, body: bytes, queries: int) -> dict[str, Any]:
-    pool = Pool(service.url, 1)
+    pool = RawPool(service.url, 1)
     path = "/v1/models/g128/distance"
-    status, _, _ = await pool.request("POST", path, body, headers)
+    status, _ = await pool.request("POST", path, body, headers)
     if status != 200:
-        pool.close()
+        await pool.close()
         return {"unsupported": status}
     times = []
     cpu0 = service.cpu()
@@ -308,55 +191,12 @@ async def gallery(service: Service, headers: str, body: bytes, queries: int) -> 
         await pool.request("POST", path, body, headers)
         times.append(time.perf_counter() - start)
     cpu = service.cpu() - cpu0
-    pool.close()
-    return {**summary_ms(times), "cpu_us_per_request": cpu / queries * 1e6, "body_bytes": len(body)}
-
-
-# -- background ingestion (its own process) ---------------------------------------------------
-
-
-def ingest_main(url: str, model: str, rate: float, seconds: float, out: Path) -> None:
-    """Paced WebSocket ingestion: JSON frames of 64 samples, at most 32 unacknowledged."""
-    from websockets.asyncio.client import connect
-
-    rng = np.random.default_rng(5)
-    frames = []
-    for k in range(64):
-        X = rng.normal(size=(64, D))
-        samples = [{"x": x.tolist(), "y": int((k + i) % 10)} for i, x in enumerate(X)]
-        frames.append(samples)
-
-    async def run() -> dict[str, float]:
-        acked = 0
-        window = asyncio.Semaphore(32)
-        async with connect(
-            url.replace("http", "ws", 1) + f"/v1/models/{model}/stream", max_size=2**26
-        ) as ws:
-            t0 = time.perf_counter()
-            stop_at = t0 + seconds
-
-            async def receive() -> None:
-                nonlocal acked
-                async for message in ws:
-                    if "ack" in json.loads(message):
-                        acked += 64
-                    window.release()
-
-            reader = asyncio.create_task(receive())
-            i = 0
-            while (now := time.perf_counter()) < stop_at:
-                due = t0 + i * 64 / rate
-                if due > now:
-                    await asyncio.sleep(due - now)
-                await window.acquire()
-                await ws.send(json.dumps({"id": f"bg-{i}", "samples": frames[i % 64]}))
-                i += 1
-            elapsed = time.perf_counter() - t0
-            await asyncio.sleep(1.0)
-            reader.cancel()
-        return {"offered": rate, "acked_per_s": acked / elapsed}
-
-    out.write_text(json.dumps(asyncio.run(run())))
+    await pool.close()
+    return {
+        **latency_row(summary(np.array(times))),
+        "cpu_us_per_request": cpu / queries * 1e6,
+        "body_bytes": len(body),
+    }
 
 
 # -- the run ----------------------------------------------------------------------------------
@@ -380,19 +220,13 @@ async def measure(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
         path = f"/v1/models/q64/{what}"
         out[what] = await open_loop(service, "POST", path, pairs, plan.rate, plan.seconds)
     report = tmp / f"ingest-{service.label}.json"
-    background = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.query_overhead",
-            "--ingest",
-            service.url,
-            str(plan.ingest_rate),
-            str(2 * plan.seconds + 3),
-            str(report),
-        ],
+    background = subprocess.Popen(  # loadgen's paced WS ingestion, as its own process
+        [sys.executable, "-m", "benchmarks.loadgen", "ws", "--url", service.url,
+         "--model", "q64", "--dim", str(D), "--frame", "64", "--encoding", "json",
+         "--rate", str(plan.ingest_rate), "--seconds", str(2 * plan.seconds + 3),
+         "--first-id", str(next(_BACKGROUND_RUNS)), "--out", str(report)],
         cwd=ROOT,
-    )
+    )  # fmt: skip
     await asyncio.sleep(1.5)
     for what in ("distance", "verify"):
         path = f"/v1/models/q64/{what}"
@@ -400,7 +234,8 @@ async def measure(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
         r.pop("cpu_us_per_request")  # includes the ingestion's CPU: not per query
         out[f"{what}_ingesting"] = r
     background.wait(plan.seconds * 2 + 120)
-    out["background_ingestion"] = json.loads(report.read_text())
+    acked = json.loads(report.read_text())["throughput"]
+    out["background_ingestion"] = {"offered": plan.ingest_rate, "acked_per_s": acked}
     for key, (headers, body) in gallery_bodies().items():
         queries = plan.json_queries if key == "json" else plan.npz_queries
         out[f"gallery_{key}"] = await gallery(service, headers, body, queries)
@@ -551,12 +386,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--ingest-rate", type=float, default=5000.0)
-    parser.add_argument("--ingest", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.ingest:
-        url, rate, seconds, out = args.ingest
-        ingest_main(url, "q64", float(rate), float(seconds), Path(out))
-        return
     plan = Plan(
         rounds=1 if args.quick else args.rounds,
         seconds=3.0 if args.quick else 6.0,

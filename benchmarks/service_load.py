@@ -55,7 +55,14 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
+from benchmarks.common import (
+    RESULTS_DIR,
+    command_line,
+    machine_block,
+    machine_info,
+    start_service,
+    stop_process,
+)
 from benchmarks.loadgen import pool_size, stream
 from service.core import Learner, LearnerConfig
 from service.models.runtime import BATCH_WORK, MIN_BATCH
@@ -124,22 +131,8 @@ class Service:
         }
         env.pop("OPML_REDIS_URL", None)
         self.tmp.mkdir(parents=True, exist_ok=True)
-        log = open(self.tmp / "service.log", "ab")  # noqa: SIM115 (the child keeps it)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError((self.tmp / "service.log").read_text()[-3000:])
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError((self.tmp / "service.log").read_text()[-3000:])
-            time.sleep(0.1)
+        self.proc = start_service(env, ROOT, self.tmp / "service.log", timeout=60)
+        return self
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
@@ -148,13 +141,7 @@ class Service:
                   f"{self.proc.returncode}; end of its log:\n"
                   + (self.tmp / "service.log").read_text()[-3000:],
                   file=sys.stderr, flush=True)  # fmt: skip
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc)
 
 
 def create_model(client: httpx.Client, name: str, dim: int) -> dict[str, Any]:
