@@ -65,7 +65,7 @@ from benchmarks.common import (
 )
 from benchmarks.loadgen import pool_size, stream
 from service.core import Learner, LearnerConfig
-from service.models.runtime import BATCH_WORK, MIN_BATCH
+from service.models.runtime import samples_per_batch
 from service.storage.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -507,7 +507,7 @@ def core_throughput(model: dict[str, Any], frame: int, n: int) -> float:
     """Samples/s of ``learn_many`` on the stream the service got (same pool, same order), in
     the service's batches (``OPML_BATCH_MAX`` = 4096, at most 2^24 / d^2, at least 32)."""
     d = model["dim"]
-    batch = max(MIN_BATCH, min(4096, BATCH_WORK // (d * d)))
+    batch = samples_per_batch(d, 4096)
     pool = pool_size(frame, d)
     X, y = stream(pool, d)
     reps = -(-n // pool)

@@ -66,6 +66,16 @@ MIN_BATCH = 32
 AUTO_UNAPPLIED = 2048
 
 
+def samples_per_batch(dim: int, batch_max: int) -> int:
+    """Samples the writer applies per batch at dimension ``dim``: ``batch_max`` (OPML_BATCH_MAX),
+    fewer at large d (about ``BATCH_WORK / d^2``, never fewer than ``MIN_BATCH``).
+
+    >>> samples_per_batch(64, 4096), samples_per_batch(512, 4096)
+    (4096, 64)
+    """
+    return max(MIN_BATCH, min(batch_max, BATCH_WORK // (dim * dim)))
+
+
 @dataclass(frozen=True)
 class Snapshot:
     """An immutable view of a model after some applied log prefix.
@@ -163,9 +173,7 @@ class ModelRuntime:
         self._room_waiters = 0
         self._appending = 0  # samples admitted by wait_room whose append has not returned
         #: Samples per batch: OPML_BATCH_MAX, fewer at large d (~ BATCH_WORK / d^2 of them).
-        self.samples_per_batch = max(
-            MIN_BATCH, min(settings.batch_max, BATCH_WORK // (config.dim * config.dim))
-        )
+        self.samples_per_batch = samples_per_batch(config.dim, settings.batch_max)
         #: Backpressure bound: OPML_MAX_UNAPPLIED, or automatically two batches, at most
         #: AUTO_UNAPPLIED (about constant learning time, hence lag, at any d: 2048 samples at
         #: d = 64, 128 at d = 512).
