@@ -65,7 +65,7 @@ from benchmarks.common import (
 )
 from benchmarks.loadgen import pool_size, stream
 from service.core import Learner, LearnerConfig
-from service.models.runtime import samples_per_batch
+from service.engine.admission import samples_per_batch
 from service.storage.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -588,12 +588,12 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("frame JSON parsing (json.loads)", ("_parse (service/api/routes/stream.py",
                                          "JSONDecoder")),
     ("pydantic validation (StreamFrame)", ("model_validate", "pydantic")),
-    ("numpy conversion + checks (inputs.samples)", ("samples (service/models/inputs.py",)),
-    ("sample fingerprint (sha256)", ("fingerprint (service/models/inputs.py",)),
-    ("vector -> bytes (encode_vector)", ("encode_vector", "ModelService._append.<locals>")),
+    ("numpy conversion + checks (parsing.samples)", ("samples (service/api/parsing.py",)),
+    ("sample fingerprint (sha256)", ("fingerprint (service/engine/runtime.py",)),
+    ("vector -> bytes (encode_vector)", ("encode_vector", "ModelRuntime._append.<locals>")),
     ("Lua append: redis-py call (pack, send, parse)", ("Store.append_groups",)),
     ("writer: XRANGE read + RESP parsing", ("Store.read_tail",)),
-    ("writer: decode entries, np.stack", ("decode_vector", "ModelRuntime._apply")),
+    ("writer: decode entries, np.stack", ("decode_vector", "Writer._apply")),
     ("snapshot publishing", ("_publish",)),
     ("checkpoints", ("_write_checkpoint",)),
     ("WS ack send (json + framing)", ("send_json", "WebSocket.send")),

@@ -47,7 +47,14 @@ class Settings(BaseSettings):
         description="Allow binding a non-loopback host without API keys (anyone can write).",
     )
 
-    # -- several processes on one Redis (service/models/lease.py) --
+    lean_path: bool = Field(
+        default=True,
+        description="Answer the hot queries (distance, verify) on the lean path, without "
+        "FastAPI's per-request machinery (same parsers and answers; false: every request goes "
+        "through its FastAPI route).",
+    )
+
+    # -- several processes on one Redis (service/engine/lease.py) --
     lease_ttl_s: float = Field(
         default=10.0,
         ge=0.5,

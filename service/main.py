@@ -1,4 +1,4 @@
-"""The application factory: settings, Redis (embedded or external), models, routes, errors.
+"""The application factory: settings, Redis (embedded or external), the engine, routes, errors.
 
 >>> app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
 >>> app.title
@@ -17,14 +17,13 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from service import errors, telemetry
-from service.api import auth
-from service.api.fast import FastQueries
+from service.api import auth, deps, observe, problems
+from service.api.lean import LeanPath
 from service.api.limits import BodyLimit
 from service.api.main import api_router
 from service.config import Settings, get_settings
 from service.core import warm_up
-from service.models.service import ModelService
+from service.engine.registry import Registry
 from service.security import KeyRing
 from service.storage.embedded import EmbeddedRedis
 from service.storage.store import Store, connect, redacted_url
@@ -51,15 +50,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     else:
         log.info("using Redis at %s", redacted_url(url))
     client = connect(url, settings.redis_timeout_s)
-    models = ModelService(Store(client), settings)
+    models = Registry(Store(client), settings)
     app.state.models = models
-    telemetry.watch_models(lambda: list(models.runtimes.values()))
+    observe.watch(lambda: [rt.status() for rt in models.runtimes.values()])
     models.start()
     try:
         yield
     finally:
         await models.close()
-        telemetry.watch_models(tuple)
+        observe.watch(tuple)
         await client.aclose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
@@ -110,13 +109,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=_operation_id,
     )
     app.state.settings = settings
-    errors.install(app)
+    problems.install(app)
     app.include_router(api_router)
+    deps.document_bodies(app)
     auth.document(app)
-    # innermost: the lean path of distance/verify, wrapped by the body limit, auth and metrics
-    app.add_middleware(FastQueries)
+    if settings.lean_path:
+        # innermost: the lean path of distance/verify, wrapped by the body limit, auth, metrics
+        app.add_middleware(LeanPath)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # before BodyLimit and the routes: a caller without the right key never gets a body read
     app.add_middleware(auth.Authenticate, keys=KeyRing.parse(settings.api_keys))
-    app.add_middleware(telemetry.HttpMetrics)  # outermost: times and counts every answer
+    app.add_middleware(observe.HttpMetrics)  # outermost: times and counts every answer
     return app

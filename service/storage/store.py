@@ -1,4 +1,4 @@
-"""All Redis reads and writes of the service (key names from :mod:`service.keys`).
+"""All Redis reads and writes of the service (key names from :mod:`service.storage.keys`).
 
 Writes that must be atomic are Lua scripts (run with EVALSHA; redis-py reloads them after a
 server restart): appending a request's samples together with its seqs and its idempotency
@@ -22,8 +22,8 @@ from redis.asyncio import Redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from service.keys import REGISTRY, ModelKeys
 from service.storage.codec import StreamId, encode_labels, parse_id
+from service.storage.keys import REGISTRY, ModelKeys
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -100,17 +100,18 @@ return {1, id}
 """
 
 # KEYS: meta, ckpt, buffer, log, fence
-# ARGV: meta json, L, calibration, trim min id, fencing token, applied id, time, class1, vec1, ...
+# ARGV: trim min id, fencing token, n, then n ckpt field/value pairs, then buffer class/vector
+#       pairs (the fields: service.storage.checkpoint)
 # -> 1 written | 0 no model | -1 fenced (a newer token was granted: this writer lost its lease)
 _CHECKPOINT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if redis.call('GET', KEYS[5]) ~= ARGV[5] then return -1 end
-redis.call('DEL', KEYS[3])
-for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+if redis.call('GET', KEYS[5]) ~= ARGV[2] then return -1 end
+local n = tonumber(ARGV[3])
 redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'meta', ARGV[1], 'L', ARGV[2], 'calibration', ARGV[3],
-           'applied', ARGV[6], 'time', ARGV[7])
-redis.call('XTRIM', KEYS[4], 'MINID', ARGV[4])
+for i = 4, 3 + 2 * n, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('DEL', KEYS[3])
+for i = 4 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+redis.call('XTRIM', KEYS[4], 'MINID', ARGV[1])
 return 1
 """
 
@@ -186,16 +187,6 @@ class TooManyClasses(Exception):
     def __init__(self, have: int) -> None:
         super().__init__(have)
         self.have = have
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint as read back: JSON meta, ``L`` / calibration bytes, buffer H rows."""
-
-    meta: dict[str, Any]
-    L: bytes
-    calibration: bytes
-    buffer: dict[str, bytes]
 
 
 def redacted_url(url: str) -> str:
@@ -341,24 +332,19 @@ class Store:
     async def write_checkpoint(
         self,
         name: str,
-        meta: dict[str, Any],
-        L: bytes,
-        calibration: bytes,
-        buffer: list[tuple[str, bytes]],
-        trim_min_id: str,
+        ckpt: dict[str, bytes],
+        buffer: dict[str, bytes],
         *,
+        trim_min_id: str,
         fencing_token: int,
-        applied: str,
-        time: float,
     ) -> bool:
-        """Replace the checkpoint and H, and trim the log before ``trim_min_id``, atomically;
-        False if the model is gone, :class:`Fenced` if ``fencing_token`` is not the latest."""
+        """Replace the checkpoint and H (:mod:`service.storage.checkpoint` fields) and trim the
+        log before ``trim_min_id``, atomically; False if the model is gone, :class:`Fenced` if
+        ``fencing_token`` is not the latest granted."""
         keys = ModelKeys(name)
-        args: list[Any] = [
-            json.dumps(meta), L, calibration, trim_min_id, fencing_token, applied, repr(time)
-        ]  # fmt: skip
-        for label, row in buffer:
-            args += [label, row]
+        args: list[Any] = [trim_min_id, fencing_token, len(ckpt)]
+        for pair in (*ckpt.items(), *buffer.items()):
+            args += pair
         done = int(
             await self._checkpoint(
                 keys=[keys.meta, keys.checkpoint, keys.buffer, keys.log, keys.fence], args=args
@@ -391,7 +377,8 @@ class Store:
     async def release_lease(self, name: str, owner: str, token: int) -> bool:
         return bool(await self._release(keys=[ModelKeys(name).lease], args=[f"{token} {owner}"]))
 
-    async def read_checkpoint(self, name: str) -> Checkpoint | None:
+    async def read_checkpoint(self, name: str) -> tuple[dict[str, bytes], dict[str, bytes]] | None:
+        """The ``ckpt`` and ``buffer`` hash fields, read together (None: no checkpoint yet)."""
         keys = ModelKeys(name)
         async with self.client.pipeline(transaction=True) as pipe:
             pipe.hgetall(keys.checkpoint)
@@ -399,9 +386,7 @@ class Store:
             ckpt, buffer = await pipe.execute()
         if not ckpt:
             return None
-        return Checkpoint(
-            meta=json.loads(ckpt[b"meta"]),
-            L=ckpt[b"L"],
-            calibration=ckpt[b"calibration"],
-            buffer={k.decode(): v for k, v in buffer.items()},
+        return (
+            {k.decode(): v for k, v in ckpt.items()},
+            {k.decode(): v for k, v in buffer.items()},
         )

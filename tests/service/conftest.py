@@ -12,6 +12,7 @@ import itertools
 import os
 import re
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -45,6 +46,31 @@ def service(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     yield proc
     if proc.proc is not None:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def routes_service(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServiceProcess]:
+    """The shared service's twin with the lean path off (``OPML_LEAN_PATH=false``: every request
+    through its FastAPI route), on its own Redis database so the two never share a model."""
+    other_db = urlunsplit(urlsplit(redis_url)._replace(path="/1"))
+    proc = ServiceProcess(
+        tmp_path_factory.mktemp("routes"), other_db, **SHARED_ENV, OPML_LEAN_PATH="false"
+    ).start()
+    yield proc
+    if proc.proc is not None:
+        proc.stop()
+
+
+@pytest.fixture(params=["lean path", "routes only"])
+def query_api(request: pytest.FixtureRequest) -> Iterator[httpx.Client]:
+    """A client of the shared service (lean path on) or of its routes-only twin: the query
+    tests run both ways, so the lean path can never answer differently from the routes."""
+    fixture = "service" if request.param == "lean path" else "routes_service"
+    proc: ServiceProcess = request.getfixturevalue(fixture)
+    with proc.client() as client:
+        yield client
 
 
 @pytest.fixture

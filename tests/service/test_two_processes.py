@@ -67,11 +67,12 @@ def test_fencing_refuses_a_checkpoint_with_an_older_token(own_redis: RedisServer
         assert await store.claim_lease("f", "p2", 60_000, "1.0", None) == (False, 1)
         await client.delete("opml:{f}:lease")  # p1's lease expires (p1 is paused)
         assert await store.claim_lease("f", "p2", 60_000, "1.0", None) == (True, 2)
-        args = ("f", {"seq": 0}, b"L", b"", [], "0-1")
+        args = ("f", {"meta": b"{}", "L": b"L"}, {})
         with pytest.raises(Fenced):  # p1 resumes and tries to save its older state
-            await store.write_checkpoint(*args, fencing_token=1, applied="0-0", time=1.0)
+            await store.write_checkpoint(*args, trim_min_id="0-1", fencing_token=1)
         assert await client.hget("opml:{f}:ckpt", "meta") is None
-        assert await store.write_checkpoint(*args, fencing_token=2, applied="0-0", time=1.0)
+        assert await store.write_checkpoint(*args, trim_min_id="0-1", fencing_token=2)
+        assert await client.hget("opml:{f}:ckpt", "meta") == b"{}"
         assert await store.claim_lease("f", "p1", 60_000, "1.0", 1) == (False, 2)  # no renewal
         assert await store.claim_lease("f", "p2", 60_000, "2.0", 2) == (False, None)  # recreated
         await client.aclose()
