@@ -116,6 +116,12 @@ class AsyncStream:
     def progress(self) -> Progress:
         return self._window.progress
 
+    @property
+    def dim(self) -> int | None:
+        """The model's dimension, read when the stream opened (None: the API key may not read
+        the model, or the stream is not open yet)."""
+        return self._window.dim
+
     async def __aenter__(self) -> AsyncStream:
         await self.open()
         return self

@@ -115,6 +115,12 @@ class Stream:
     def progress(self) -> Progress:
         return self._window.progress
 
+    @property
+    def dim(self) -> int | None:
+        """The model's dimension, read when the stream opened (None: the API key may not read
+        the model, or the stream is not open yet)."""
+        return self._window.dim
+
     def __enter__(self) -> Stream:
         self.open()
         return self
