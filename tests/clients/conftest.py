@@ -1,13 +1,17 @@
 """Fixtures of the SDK/CLI tests: the service tests' real Redis + service subprocess, an SDK
-client on it, and a TCP proxy whose connections a test can cut (the server side of a stream
-closing mid-way)."""
+client on it, a TCP proxy whose connections a test can cut (the server side of a stream
+closing mid-way), and :func:`opml`, the command line run as a subprocess."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +20,22 @@ from tests.service.conftest import name, redis_url, service
 from tests.service.support import ServiceProcess
 
 __all__ = ["name", "redis_url", "service"]
+
+OPML = str(Path(sys.executable).with_name("opml"))
+
+
+def opml(
+    service: ServiceProcess, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``opml --url <service> *args``, ``env`` added to this process's environment."""
+    return subprocess.run(
+        [OPML, "--url", service.url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=None if env is None else {**os.environ, **env},
+    )
+
 
 #: Quick retries: tests wait for the real service, never for a long backoff.
 FAST_RETRY = RetryPolicy(attempts=8, base_delay_s=0.01, max_delay_s=0.2)

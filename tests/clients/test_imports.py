@@ -28,3 +28,11 @@ def test_import_clients_loads_neither_numba_nor_scipy() -> None:
         "numpy",
         "websockets",
     ]
+
+
+def test_opml_help_and_usage_errors_load_no_client_library() -> None:
+    """``opml --help`` (and a mistyped command) answers without httpx, websockets, numpy."""
+    for argv in (["--help"], ["serve", "--help"], ["models", "frobnicate"]):
+        call = f"main({argv!r})"
+        run = f"from clients.cli import main\ntry:\n    {call}\nexcept SystemExit:\n    pass"
+        assert loaded(run) == [], argv

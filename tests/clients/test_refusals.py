@@ -23,7 +23,7 @@ from clients import (
     Unauthorized,
 )
 from service.security import entry_for
-from tests.clients.conftest import FAST_RETRY
+from tests.clients.conftest import FAST_RETRY, opml
 from tests.service.support import RedisServer, ServiceProcess
 
 KEYS = {"admin": "sdk-admin-key-0001", "ingest": "sdk-ingest-key-0002", "query": "sdk-query-key-03"}
@@ -85,6 +85,17 @@ def test_keys_go_on_the_handshake_and_an_ingest_key_streams(secured: ServiceProc
         assert event.samples_seen == 2
         with admin.stream("sec") as s, pytest.raises(ValueError, match=r"^X: has 3 columns"):
             s.send(np.ones((1, 3)), ["a"])  # the admin key reads the dim: refused before sending
+
+
+def test_the_command_line_sends_opml_api_key(secured: ServiceProcess) -> None:
+    """``$OPML_API_KEY`` authenticates every command; 401/403 exit with 7 and the reason."""
+    anonymous = opml(secured, "models", "list", env={"OPML_API_KEY": ""})
+    assert anonymous.returncode == 7 and anonymous.stderr.startswith("opml: 401 ")
+    listed = opml(secured, "models", "list", "--json", env={"OPML_API_KEY": KEYS["query"]})
+    assert listed.returncode == 0, listed.stderr
+    assert [m["name"] for m in json.loads(listed.stdout)["models"]] == ["sec"]
+    refused = opml(secured, "events", "sec", "--count", "1", env={"OPML_API_KEY": KEYS["ingest"]})
+    assert refused.returncode == 7 and refused.stderr.startswith("opml: 403 Forbidden: ")
 
 
 class _EmptyForbidden(BaseHTTPRequestHandler):
