@@ -7,10 +7,8 @@ import contextlib
 import json
 import os
 import pty
-import signal
 import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import redis
 
 from clients import OPMLClient
 from clients.cli import build_parser
-from tests.clients.conftest import OPML, opml
+from tests.clients.conftest import OPML, opml, served
 from tests.service.support import ServiceProcess, core_learner, free_port, stream
 
 
@@ -243,47 +241,6 @@ def test_every_option_has_help_and_serve_has_only_its_own() -> None:
     assert shown.returncode == 0 and "--port" in shown.stdout
     for client_only in ("--url", "--json", "--timeout", "--retries"):
         assert client_only not in shown.stdout
-
-
-class Served:
-    """``opml serve *options`` as a subprocess (no ``OPML_*`` variable inherited), ready; its
-    log (standard error) goes to ``log``."""
-
-    def __init__(self, url: str, log: Path, *options: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("OPML_")}
-        self.log = log
-        with log.open("ab") as sink:
-            self.proc = subprocess.Popen(
-                [OPML, "serve", *options], env=env, stdout=subprocess.DEVNULL, stderr=sink
-            )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.stop()
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise TimeoutError(f"opml serve did not become ready: {self.stop()}")
-
-    def stop(self) -> str:
-        """SIGTERM (once), wait, and what the service logged."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.log.read_text(errors="replace")
-
-
-@contextlib.contextmanager
-def served(url: str, log: Path, *options: str) -> Iterator[Served]:
-    proc = Served(url, log, *options)
-    try:
-        yield proc
-    finally:
-        proc.stop()
 
 
 def test_serve_runs_the_service_on_its_embedded_redis(tmp_path: Path) -> None:
