@@ -26,6 +26,7 @@ from service import telemetry
 from service.config import Settings
 from service.core import LearnerConfig
 from service.core.calibration import MIN_PAIRS
+from service.core.certificates import served_threshold
 from service.errors import Conflict, LimitExceeded, NotFound, ServiceError, Unavailable
 from service.models import inputs
 from service.models.runtime import ModelClosed, ModelRuntime, Snapshot
@@ -410,20 +411,9 @@ def verification(snap: Snapshot) -> dict[str, Any]:
 
 
 def verify_threshold(snap: Snapshot, margin: float, given: float | None) -> tuple[float, str]:
-    """The threshold a verify uses and where it came from.
-
-    The caller's, else the calibrated EER threshold, else (too few pairs to calibrate) the
-    EER threshold of the partial window (``fallback:window``), else, with no pairs at all, the
-    margin (``fallback:margin``: the loss (Eq. 4) asks negatives to be ``margin`` farther).
-    """
-    if given is not None:
-        return given, "caller"
-    cal = snap.calibration
-    if cal.calibrated and cal.threshold is not None:
-        return cal.threshold, "calibrated"
-    if cal.threshold is not None:
-        return cal.threshold, "fallback:window"
-    return margin, "fallback:margin"
+    """The threshold a verify uses and where it came from (the core's rule, which certificates
+    certify by default: :func:`service.core.certificates.served_threshold`)."""
+    return served_threshold(snap.calibration, margin, given)
 
 
 def squared_norms_ok(values: np.ndarray[Any, Any], what: str) -> list[float]:
