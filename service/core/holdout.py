@@ -263,6 +263,7 @@ class Holdout:
         )
         self._rng = np.random.Generator(self._bits)
         self._routed = 0  # routing draws so far
+        self._active = config.holdout > 0.0 or config.pac_bayes_window > 0
         #: Non-held-out samples so far (the training stream).
         self.trained = 0
         #: The certification reservoir: the latest held-out samples.
@@ -290,13 +291,19 @@ class Holdout:
         how many were held out. ``metric`` returns the current ``L`` (read when the prefix
         ends)."""
         n = len(keys)
-        held = np.zeros(n, dtype=np.bool_) if flags is None else flags.copy()
-        if self.config.holdout > 0.0:
-            held |= self._rng.random(n) < self.config.holdout  # one draw per sample
-            self._routed += n
-        if not held.any() and not self.tracking:
+        if flags is None and not self._active:  # the common case: nothing to route or keep
             self.trained += n
             return learn(X, keys), 0
+        held = flags
+        if self.config.holdout > 0.0:
+            routed = self._rng.random(n) < self.config.holdout  # one draw per sample
+            self._routed += n
+            held = routed if flags is None else routed | flags
+        if held is None or not held.any():
+            if not self.tracking:
+                self.trained += n
+                return learn(X, keys), 0
+            held = np.zeros(n, dtype=np.bool_)
         codes = np.full(n, HELD_OUT, dtype=np.int64)
         values = np.full((n, 4), np.nan)
         if held.any():

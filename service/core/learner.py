@@ -259,8 +259,9 @@ class Learner:
     def _route(self, X: Array, keys: list[str], flags: Flags | None) -> StepResults:
         """Held-out rows to the reservoir, the others through :meth:`_learn`."""
         results, held = self.holdout.route(X, keys, flags, self._learn, lambda: self._L)
-        self._stats.samples_seen += held
-        self._stats.outcomes[HELD_OUT] += held
+        if held:
+            self._stats.samples_seen += held
+            self._stats.outcomes[HELD_OUT] += held
         return results
 
     def _learn(self, X: Array, keys: list[str]) -> StepResults:
