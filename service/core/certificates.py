@@ -604,11 +604,12 @@ def tuple_errors(
 ) -> dict[str, NDArray[np.bool_]]:
     """Per tuple, whether the frozen metric errs: triplets ``d(a, p) >= d(a, n)`` (ties are
     errors), negative pairs ``d <= threshold`` (false accept), positive pairs ``d > threshold``
-    (false reject)."""
+    (false reject). A distance that overflowed float64 (NaN) counts as an error: conservative.
+    """
     t, pos, neg = tuples.triplets, tuples.positive_pairs, tuples.negative_pairs
     return {
-        "triplet_error": _squared(L, X, t[:, 0], t[:, 1]) >= _squared(L, X, t[:, 0], t[:, 2]),
-        "false_accept": _squared(L, X, neg[:, 0], neg[:, 1]) <= threshold,
+        "triplet_error": ~(_squared(L, X, t[:, 0], t[:, 1]) < _squared(L, X, t[:, 0], t[:, 2])),
+        "false_accept": ~(_squared(L, X, neg[:, 0], neg[:, 1]) > threshold),
         "false_reject": ~(_squared(L, X, pos[:, 0], pos[:, 1]) <= threshold),
     }
 
@@ -777,6 +778,13 @@ def gibbs_triplet_error(L: Any, a: Any, b: Any, sigma: float) -> Array:
     Lm = np.asarray(L, dtype=np.float64)
     A = np.atleast_2d(np.asarray(a, dtype=np.float64))
     B = np.atleast_2d(np.asarray(b, dtype=np.float64))
+    # float64 overflow (enormous inputs) gives inf / NaN below: such a triplet counts as an
+    # error (conservative), never as a NaN risk.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _gibbs_triplet_error(Lm, A, B, sigma)
+
+
+def _gibbs_triplet_error(Lm: Array, A: Array, B: Array, sigma: float) -> Array:
     dim = Lm.shape[0]
     P, Q = A @ Lm.T, B @ Lm.T
     na, nb, nP, nQ = _norms(A), _norms(B), _norms(P), _norms(Q)
@@ -784,7 +792,7 @@ def gibbs_triplet_error(L: Any, a: Any, b: Any, sigma: float) -> Array:
     right = nP + s * na < nQ - s * nb  # ||L~ a|| < ||L~ b|| but with probability < SCREEN_EPS
     wrong = nP - s * na >= nQ + s * nb
     out = np.where(right, SCREEN_EPS, 1.0)
-    hard = ~(right | wrong)
+    hard = ~(right | wrong) & np.isfinite(na + nb + nP + nQ)
     if not hard.any():
         return out
     A, B, P, na, nb = A[hard], B[hard], P[hard], na[hard], nb[hard]
@@ -796,19 +804,24 @@ def gibbs_triplet_error(L: Any, a: Any, b: Any, sigma: float) -> Array:
     general = (na > 0) & (r22 > 0)
     if general.any():
         r11, r12, r22 = na[general], r12[general], r22[general]
-        # A on the orthonormal basis (q1, q2) of span{a, b}: R diag(1, -1) R^T.
+        # A / |a|^2 on the orthonormal basis (q1, q2) of span{a, b}: R diag(1, -1) R^T with
+        # R / |a| (the probability depends on the eigenvalues' ratio only; no overflow).
+        u, v = r12 / r11, r22 / r11
         S = np.empty((len(r11), 2, 2))
-        S[:, 0, 0] = r11 * r11 - r12 * r12
-        S[:, 0, 1] = S[:, 1, 0] = -r12 * r22
-        S[:, 1, 1] = -r22 * r22
+        S[:, 0, 0] = 1.0 - u * u
+        S[:, 0, 1] = S[:, 1, 0] = -u * v
+        S[:, 1, 1] = -v * v
+        finite = np.isfinite(S).all(axis=(1, 2))  # not: |b| / |a| beyond ~1e154
+        S[~finite] = 0.0
         lam, V = np.linalg.eigh(S)  # ascending: lambda-, lambda+
         Lq1 = P[general] / r11[:, None]
         Lq2 = (perp[general] / r22[:, None]) @ Lm.T
         Lw_minus = Lq1 * V[:, 0, 0, None] + Lq2 * V[:, 1, 0, None]
         Lw_plus = Lq1 * V[:, 0, 1, None] + Lq2 * V[:, 1, 1, None]
         lp, lm = np.maximum(lam[:, 1], 0.0), np.maximum(-lam[:, 0], 0.0)
-        value = np.where(lm == 0.0, 1.0, 0.0)  # ties and sure errors; lp = 0: never
-        both = (lp > 0.0) & (lm > 0.0)
+        # ties and sure errors (lambda- = 0); lp = 0: never; beyond float64: an error
+        value = np.where((lm == 0.0) | ~finite, 1.0, 0.0)
+        both = (lp > 0.0) & (lm > 0.0) & finite
         if both.any():
             value[both] = _quadrature(
                 lp[both],
@@ -818,7 +831,7 @@ def gibbs_triplet_error(L: Any, a: Any, b: Any, sigma: float) -> Array:
                 dim,
             )
         exact[general] = value
-    out[hard] = exact
+    out[hard] = np.where(np.isnan(exact), 1.0, exact)  # NaN (float64 limits): an error
     return out
 
 
@@ -836,6 +849,11 @@ def gibbs_accept(L: Any, diff: Any, threshold: float, sigma: float) -> tuple[Arr
     """
     Lm = np.asarray(L, dtype=np.float64)
     D = np.atleast_2d(np.asarray(diff, dtype=np.float64))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _gibbs_accept(Lm, D, threshold, sigma)
+
+
+def _gibbs_accept(Lm: Array, D: Array, threshold: float, sigma: float) -> tuple[Array, Array]:
     dim = Lm.shape[0]
     nd, nL = _norms(D), _norms(D @ Lm.T)
     root = math.sqrt(threshold)
@@ -844,11 +862,13 @@ def gibbs_accept(L: Any, diff: Any, threshold: float, sigma: float) -> tuple[Arr
     accepts = nL + s <= root
     lower = np.where(accepts, 1.0 - SCREEN_EPS, 0.0)
     upper = np.where(rejects, SCREEN_EPS, 1.0)
-    hard = ~(rejects | accepts) & (nd > 0)  # diff = 0 has distance 0 <= threshold: accepted
+    # diff = 0 has distance 0 <= threshold: accepted; an overflow (NaN) stays [0, 1]
+    hard = ~(rejects | accepts) & (nd > 0) & np.isfinite(nd + nL)
     if hard.any():
         scale = (sigma * nd[hard]) ** 2
         p = special.chndtr(threshold / scale, dim, nL[hard] ** 2 / scale)
-        lower[hard] = upper[hard] = p
+        lower[hard] = np.where(np.isnan(p), 0.0, p)  # NaN: underflow of sigma ||diff||
+        upper[hard] = np.where(np.isnan(p), 1.0, p)
     lower[nd == 0] = 1.0
     return lower, upper
 

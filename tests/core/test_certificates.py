@@ -636,3 +636,22 @@ def test_tuple_errors_on_a_hand_made_example() -> None:
     assert errs["triplet_error"].tolist() == [False, True]
     assert errs["false_reject"].tolist() == [False, False]  # d = 1 and d = 4 <= 4
     assert errs["false_accept"].tolist() == [True, False]  # d = 4 <= 4 accepted; d = 13
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-150, 1.0, 1e150, 1e300])
+def test_certificates_stay_honest_numbers_at_float64_extremes(scale: float) -> None:
+    rng = np.random.default_rng(8)
+    labels = rng.integers(0, 3, 1400)
+    X = scale * (np.eye(4)[labels] + rng.normal(size=(1400, 4)))
+    L = np.eye(4) + 0.3 * rng.normal(size=(4, 4))
+    theta = 2.0 * scale * scale if 1e-150 <= scale <= 1e150 else 1.0  # squared units
+    with np.errstate(all="raise"):  # no warning escapes: overflow is handled, not stumbled on
+        held = certify_held_out(L, X, labels, theta, "caller")
+        gibbs = certify_pac_bayes(L, L, X, labels, theta, "caller", sigmas=[0.1, 0.01])
+    for c in (held, gibbs):
+        for name in QUANTITIES:
+            b = getattr(c, name)
+            assert 0.0 <= b.empirical <= b.bound <= 1.0, (name, b)
+    if scale == 1e300:  # every distance overflows: triplets are errors, no pair is accepted
+        assert held.triplet_error.errors == held.triplet_error.m
+        assert held.false_accept.errors == 0 and held.false_reject.errors == held.false_reject.m
