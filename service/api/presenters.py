@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from service.core.calibration import MIN_PAIRS
+from service.core.certificates import served_threshold
 from service.engine.snapshot import Snapshot
 from service.engine.status import ModelStatus
 
@@ -89,17 +90,6 @@ def event_frame(status: ModelStatus) -> dict[str, Any]:
 
 
 def verify_threshold(snap: Snapshot, given: float | None) -> tuple[float, str]:
-    """The threshold a verify uses and where it came from.
-
-    The caller's, else the calibrated EER threshold, else (too few pairs to calibrate) the
-    EER threshold of the partial window (``fallback:window``), else, with no pairs at all, the
-    margin (``fallback:margin``: the loss (Eq. 4) asks negatives to be ``margin`` farther).
-    """
-    if given is not None:
-        return given, "caller"
-    cal = snap.calibration
-    if cal.calibrated and cal.threshold is not None:
-        return cal.threshold, "calibrated"
-    if cal.threshold is not None:
-        return cal.threshold, "fallback:window"
-    return snap.metric.config.margin, "fallback:margin"
+    """The threshold a verify uses and where it came from: the core's rule (the one
+    certificates certify by default, :func:`service.core.certificates.served_threshold`)."""
+    return served_threshold(snap.calibration, snap.metric.config.margin, given)

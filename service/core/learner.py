@@ -26,6 +26,8 @@ from service.core._validation import (
     label_key,
 )
 from service.core.calibration import ThresholdCalibrator
+from service.core.certificates import Certificate, Method
+from service.core.holdout import HELD_OUT, Flags, Holdout, check_flags, check_holdout_config
 from service.core.update import OUTCOMES as OUTCOMES
 from service.core.update import TRIPLET_CODES, StepResult, StepResults, learn_batch
 
@@ -67,7 +69,9 @@ class LearnerConfig:
     sets within the paper's bar (at 3e-3 optdigits, d = 64, already fails), and
     ``gamma_pair = 1e-2`` gives the best cold start (Table IV) at every gamma tried.
     ``normalize="l2"`` scales every input (samples and query vectors alike) to unit norm, where
-    the paper's ``gamma < 1/4`` guarantee holds.
+    the paper's ``gamma < 1/4`` guarantee holds. ``holdout``, ``holdout_window``,
+    ``pac_bayes_prefix`` and ``pac_bayes_window`` configure risk certificates
+    (:mod:`service.core.holdout`).
 
     >>> LearnerConfig(dim=3).algorithm
     'copml'
@@ -85,6 +89,10 @@ class LearnerConfig:
     normalize: Normalize = "none"
     seed: int = 0
     calibration_window: int = 1000
+    holdout: float = 0.0
+    holdout_window: int = 5000
+    pac_bayes_prefix: int = 1000
+    pac_bayes_window: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int | np.integer):
@@ -106,6 +114,10 @@ class LearnerConfig:
         object.__setattr__(self, "seed", int(self.seed))
         if self.calibration_window < 1:
             raise ValueError(f"calibration_window: must be >= 1, got {self.calibration_window}")
+        names = ("holdout", "holdout_window", "pac_bayes_prefix", "pac_bayes_window")
+        checked = check_holdout_config(*(getattr(self, name) for name in names))
+        for name, value in zip(names, checked, strict=True):
+            object.__setattr__(self, name, value)
 
 
 @dataclass
@@ -177,6 +189,8 @@ class Learner:
         self._rng = np.random.default_rng(config.seed)
         self._stats = _Stats()
         self.calibrator = ThresholdCalibrator(config.calibration_window)
+        #: Held-out routing, the certification reservoir, the PAC-Bayes prior and window.
+        self.holdout = Holdout(config, functools.partial(normalize_rows, how=config.normalize))
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -193,7 +207,7 @@ class Learner:
 
     @property
     def version(self) -> int:
-        """Number of samples learned so far."""
+        """Number of samples so far: learned and held out."""
         return self._stats.samples_seen
 
     @property
@@ -220,24 +234,35 @@ class Learner:
 
     # -- learning --------------------------------------------------------------------------
 
-    def learn_one(self, x: Any, y: int | str) -> StepResult:
-        """Learn one labelled sample; ValueError (and no state change) on bad input."""
+    def learn_one(self, x: Any, y: int | str, holdout: bool = False) -> StepResult:
+        """Learn one labelled sample (or hold it out: ``holdout=True``, or routed so by the
+        ``holdout`` fraction); ValueError (and no state change) on bad input."""
         xs = check_vector(x, self.dim, "x")
         key = label_key(y, "y")
-        return self._learn(xs[None, :], [key])[0]
+        return self._route(xs[None, :], [key], check_flags(holdout, 1))[0]
 
-    def learn_many(self, X: Any, y: Any) -> StepResults:
+    def learn_many(self, X: Any, y: Any, holdout: Any = None) -> StepResults:
         """Learn the rows of ``X`` in order; the same final state as a :meth:`learn_one` loop.
 
-        Everything is validated before the first sample is learned, so bad input anywhere in
-        the batch changes nothing. The results are a sequence of :class:`StepResult`.
+        ``holdout``: booleans, True for rows to hold out (besides those routed by the
+        ``holdout`` fraction). Everything is validated before the first sample is learned, so
+        bad input anywhere in the batch changes nothing. The results are a sequence of
+        :class:`StepResult`.
         """
         Xs = check_matrix(X, self.dim, "X")
         labels = list(y) if not isinstance(y, str) else [y]
         if len(labels) != Xs.shape[0]:
             raise ValueError(f"y: expected {Xs.shape[0]} labels, got {len(labels)}")
         keys = [label_key(label, f"y[{i}]") for i, label in enumerate(labels)]
-        return self._learn(Xs, keys)
+        return self._route(Xs, keys, check_flags(holdout, len(keys)))
+
+    def _route(self, X: Array, keys: list[str], flags: Flags | None) -> StepResults:
+        """Held-out rows to the reservoir, the others through :meth:`_learn`."""
+        results, held = self.holdout.route(X, keys, flags, self._learn, lambda: self._L)
+        if held:
+            self._stats.samples_seen += held
+            self._stats.outcomes[HELD_OUT] += held
+        return results
 
     def _learn(self, X: Array, keys: list[str]) -> StepResults:
         """Learn validated rows: classes first (buffer rows), then the compiled loop."""
@@ -315,6 +340,15 @@ class Learner:
         self._L = np.array(check_metric(L, self.dim, "L"), dtype=np.float64, order="C")
         self._bound = float(np.abs(self._L).max())
         self._R = None
+
+    def certificate(
+        self, delta: float = 0.05, method: Method = "binomial", threshold: float | None = None
+    ) -> Certificate:
+        """Bounds on the triplet error, false accept and false reject rates of the current
+        metric at ``threshold`` (default: the served one), holding together with probability
+        ``>= 1 - delta`` (see :mod:`service.core.certificates`)."""
+        cal = self.calibrator.calibration()
+        return self.holdout.certificate(self._L, cal, delta, method, threshold, self.version)
 
     # -- queries on the current metric (Eqs. 1, 2) -----------------------------------------
 
@@ -410,6 +444,8 @@ class Learner:
             "outcomes": {k: v for k, v in self.counts.items() if v},
             "calibration": cal_meta,
         }
+        held_arrays, meta["holdout"] = self.holdout.to_state()
+        arrays.update(held_arrays)
         return arrays, meta
 
     @classmethod
@@ -439,6 +475,7 @@ class Learner:
         learner.calibrator = ThresholdCalibrator.from_state(
             arrays["calibration"], meta["calibration"]
         )
+        learner.holdout.restore(arrays, meta.get("holdout"), learner._stats.samples_seen)
         return learner
 
 
