@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+import asyncio
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Response, status
 
 from service.api import parsing
-from service.api.deps import ModelsDep, NameDep, body_doc, json_body
+from service.api.deps import ForwarderDep, ModelsDep, NameDep, body_doc, json_body
+from service.api.forward import Forwarder
 from service.api.presenters import model_document
 from service.api.schemas import ModelCreate, ModelList, ModelOut
 from service.core import LearnerConfig
+from service.engine.registry import Registry
+from service.engine.runtime import ModelRuntime, NotServedHere
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -34,18 +38,29 @@ async def create_model(
     return ModelOut.model_validate(model_document(runtime.status()))
 
 
+async def _document(models: Registry, forwarder: Forwarder, runtime: ModelRuntime) -> Any:
+    """A model's document: ours, or its owner's (another process learns it)."""
+    if runtime.serving:
+        return model_document(runtime.status())
+    holder = await models.holder(runtime.name)
+    if holder is None:
+        if await models.gone(runtime.name):
+            return None
+        raise NotServedHere(runtime.name)
+    return await forwarder.model_document(runtime.name, holder[1], holder[0])
+
+
 @router.get("", response_model=ModelList)
-async def list_models(models: ModelsDep) -> ModelList:
-    """Every model, by name."""
-    return ModelList(
-        models=[ModelOut.model_validate(model_document(rt.status())) for rt in models.all()]
-    )
+async def list_models(models: ModelsDep, forwarder: ForwarderDep) -> ModelList:
+    """Every model, by name (each as its owner process reports it)."""
+    documents = await asyncio.gather(*(_document(models, forwarder, rt) for rt in models.all()))
+    return ModelList(models=[ModelOut.model_validate(d) for d in documents if d is not None])
 
 
 @router.get("/{name}", response_model=ModelOut)
 async def get_model(name: NameDep, models: ModelsDep) -> ModelOut:
     """One model: hyperparameters, version, counters, verification calibration."""
-    return ModelOut.model_validate(model_document(models.get(name).status()))
+    return ModelOut.model_validate(model_document((await models.lookup(name)).status()))
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)
