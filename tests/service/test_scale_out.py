@@ -39,13 +39,6 @@ PARAMS = {"gamma": 0.05, "seed": 1}
 
 
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def services(tmp_path: Path) -> Iterator[list[ServiceProcess]]:
     """Service processes a test starts; every one is stopped afterwards, failed test or not."""
     started: list[ServiceProcess] = []
