@@ -262,6 +262,15 @@ class Registry:
             url = (await self.membership.heartbeat()).get(member)
         return None if url is None else (member, url)
 
+    def placement(self, name: str) -> tuple[str, str] | None:
+        """(member id, URL) of the other process that should learn ``name``, if there is one
+        (None: this process should)."""
+        owner = self.membership.owner_of(name)
+        if owner is None or owner == self.owner_id:
+            return None
+        url = self.membership.members.get(owner)
+        return None if url is None else (owner, url)
+
     async def create(self, name: str, config: LearnerConfig) -> ModelRuntime:
         """A new model (Conflict if the name exists, LimitExceeded past OPML_MAX_MODELS),
         learned here at once; the placement loop hands it over if another process should."""

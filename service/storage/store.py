@@ -445,6 +445,11 @@ class Store:
         """``member`` stops (a graceful shutdown): the others need not wait for its expiry."""
         await self.client.hdel(MEMBERS, member)
 
+    async def notify(self, name: str) -> None:
+        """Announce on :data:`~service.storage.keys.APPENDED` that model ``name`` needs its
+        owner's attention (it was released: the process that should own it takes it now)."""
+        await self.client.publish(APPENDED, name)
+
     def appends(self) -> PubSub:
         """A pub/sub subscription object for :data:`~service.storage.keys.APPENDED` (each
         message: the name of a model whose log just grew)."""

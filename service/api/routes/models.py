@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Response, status
+from fastapi import APIRouter, Request, Response, status
+from fastapi.responses import JSONResponse
 
 from service.api import parsing
 from service.api.deps import ForwarderDep, ModelsDep, NameDep, body_doc, json_body
-from service.api.forward import Forwarder
+from service.api.forward import HOP_HEADER, Forwarder
 from service.api.presenters import model_document
 from service.api.schemas import ModelCreate, ModelList, ModelOut
 from service.core import LearnerConfig
 from service.engine.registry import Registry
 from service.engine.runtime import ModelRuntime, NotServedHere
+from service.errors import Unavailable
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -26,16 +29,28 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
     openapi_extra=body_doc(ModelCreate),
 )
 async def create_model(
-    body: Annotated[ModelCreate, json_body(ModelCreate)], models: ModelsDep
-) -> ModelOut:
+    body: Annotated[ModelCreate, json_body(ModelCreate)],
+    request: Request,
+    models: ModelsDep,
+    forwarder: ForwarderDep,
+) -> Response:
     """Create a model; 409 if the name exists."""
+    placement = models.placement(body.name)
+    if placement is not None and HOP_HEADER not in request.headers:
+        # created by the process that will learn it: no hand-over right after the create
+        with contextlib.suppress(Unavailable):  # that process is gone: create it here
+            return await forwarder.http(
+                request.scope, await request.body(), placement[1], placement[0]
+            )
     if body.dim > models.settings.max_dim:
         raise parsing.invalid(
             ["body", "dim"], f"must be <= {models.settings.max_dim} (OPML_MAX_DIM)"
         )
     config = LearnerConfig(**body.model_dump(exclude={"name"}))
     runtime = await models.create(body.name, config)
-    return ModelOut.model_validate(model_document(runtime.status()))
+    return JSONResponse(
+        ModelOut.model_validate(model_document(runtime.status())).model_dump(), status_code=201
+    )
 
 
 async def _document(models: Registry, forwarder: Forwarder, runtime: ModelRuntime) -> Any:
