@@ -54,7 +54,13 @@ class Settings(BaseSettings):
         "through its FastAPI route).",
     )
 
-    # -- several processes on one Redis (service/engine/lease.py) --
+    # -- several processes on one Redis (service/engine/registry.py, service/api/forward.py) --
+    advertise_url: str | None = Field(
+        default=None,
+        description="The base URL other service processes reach this one at (requests for a "
+        "model this process learns are forwarded to it); default http://<host>:<port>, with "
+        "this machine's name when bound to all interfaces.",
+    )
     lease_ttl_s: float = Field(
         default=10.0,
         ge=0.5,

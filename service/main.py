@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
 from service.api import auth, deps, observe, problems
+from service.api.forward import Forwarder, OwnerRouting
 from service.api.lean import LeanPath
 from service.api.limits import BodyLimit
 from service.api.main import api_router
@@ -29,6 +31,22 @@ from service.storage.embedded import EmbeddedRedis
 from service.storage.store import Store, connect, redacted_url
 
 log = logging.getLogger("service")
+
+
+def advertised_url(settings: Settings) -> str:
+    """Where other processes reach this one (``OPML_ADVERTISE_URL``, else from host and port).
+
+    >>> advertised_url(Settings(host="127.0.0.1", port=8000))
+    'http://127.0.0.1:8000'
+    """
+    if settings.advertise_url:
+        return settings.advertise_url.rstrip("/")
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -50,15 +68,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     else:
         log.info("using Redis at %s", redacted_url(url))
     client = connect(url, settings.redis_timeout_s)
-    models = Registry(Store(client), settings)
+    models = Registry(Store(client), settings, advertised_url(settings))
     app.state.models = models
-    observe.watch(lambda: [rt.status() for rt in models.runtimes.values()])
+    app.state.forwarder = Forwarder(
+        models.owner_id, settings.apply_wait_s + settings.min_version_wait_s + 10
+    )
+    observe.watch(lambda: [rt.status() for rt in models.runtimes.values() if rt.serving])
     models.start()
     try:
         yield
     finally:
         await models.close()
         observe.watch(tuple)
+        await app.state.forwarder.aclose()
         await client.aclose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
@@ -116,6 +138,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.lean_path:
         # innermost: the lean path of distance/verify, wrapped by the body limit, auth, metrics
         app.add_middleware(LeanPath)
+    # a model another process learns: its requests go there (after auth and the body limit)
+    app.add_middleware(OwnerRouting)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # before BodyLimit and the routes: a caller without the right key never gets a body read
     app.add_middleware(auth.Authenticate, keys=KeyRing.parse(settings.api_keys))

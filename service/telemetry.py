@@ -163,24 +163,25 @@ _PER_MODEL = (
 
 
 class ModelMetrics:
-    """The labelled series of one model, bound once when the model starts (``.labels()`` costs
-    a label tuple, a lock and a lookup per call; these are attribute reads on the hot paths).
+    """The labelled series of one model, bound once (``.labels()`` costs a label tuple, a lock
+    and a lookup per call; these are attribute reads on the hot paths).
 
-    Counters of steps start from the model's own (possibly restored) counts, so the sum over
-    outcomes of ``opml_steps_total`` equals ``opml_model_version``. :meth:`forget` removes every
-    series of the model (it was deleted, or this process stopped serving it).
+    Every process that knows a model counts what it ingests for it; the steps are counted only
+    by the process that learns it (its owner): :meth:`learning` binds them, starting from the
+    model's own (possibly restored) counts, so the sum over outcomes of ``opml_steps_total``
+    equals ``opml_model_version``, and :meth:`not_learning` removes them when the model moves
+    to another process. :meth:`forget` removes every series of the model (it was deleted).
 
-    >>> m = ModelMetrics("doctest-model", {"passive": 2})
+    >>> m = ModelMetrics("doctest-model")
+    >>> m.learning({"passive": 2})
     >>> m.steps["passive"]._value.get()
     2.0
     >>> m.forget()
     """
 
-    def __init__(self, name: str, counts: dict[str, int]) -> None:
+    def __init__(self, name: str) -> None:
         self.name = name
-        self.steps = {outcome: STEPS.labels(name, outcome) for outcome in OUTCOMES}
-        for outcome, child in self.steps.items():
-            child.inc(counts.get(outcome, 0))
+        self.steps: dict[str, Counter] = {}
         self.update_duration = UPDATE_DURATION.labels(name)
         self.checkpoint_duration = CHECKPOINT_DURATION.labels(name)
         self.checkpoints_fenced = CHECKPOINTS_FENCED.labels(name)
@@ -191,6 +192,18 @@ class ModelMetrics:
         self.replays = {t: IDEMPOTENT_REPLAYS.labels(name, t) for t in TRANSPORTS}
         self._rejected: dict[tuple[str, str], Counter] = {}
         self._verify: dict[tuple[bool, str], Counter] = {}
+
+    def learning(self, counts: dict[str, int]) -> None:
+        """This process learns the model from now on, whose steps so far are ``counts``."""
+        self.not_learning()
+        self.steps = {outcome: STEPS.labels(self.name, outcome) for outcome in OUTCOMES}
+        self.count_steps(counts)
+
+    def not_learning(self) -> None:
+        """Another process learns the model: its step series are not ours to export."""
+        for outcome in self.steps:
+            STEPS.remove(self.name, outcome)
+        self.steps = {}
 
     def count_steps(self, counts: dict[str, int]) -> None:
         """Add a batch's steps by outcome."""

@@ -15,6 +15,7 @@ from fastapi import Depends, FastAPI, Path, Query, Request, WebSocket
 from pydantic import BaseModel
 
 from service.api import parsing
+from service.api.forward import Forwarder
 from service.api.schemas import NAME_PATTERN
 from service.config import Settings
 from service.engine.registry import Registry
@@ -33,6 +34,11 @@ async def _models(request: Request) -> Registry:
 async def _ws_models(websocket: WebSocket) -> Registry:
     models: Registry = websocket.app.state.models
     return models
+
+
+async def _forwarder(request: Request) -> Forwarder:
+    forwarder: Forwarder = request.app.state.forwarder
+    return forwarder
 
 
 async def _settings(request: Request) -> Settings:
@@ -54,6 +60,7 @@ async def _min_version(
 
 ModelsDep = Annotated[Registry, Depends(_models)]
 WsModelsDep = Annotated[Registry, Depends(_ws_models)]
+ForwarderDep = Annotated[Forwarder, Depends(_forwarder)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 NameDep = Annotated[str, Path(pattern=NAME_PATTERN, description="Model name.")]
 MinVersionDep = Annotated[int | None, Depends(_min_version)]

@@ -41,8 +41,8 @@ _STATE = {
     "opml_verification_calibrated": "1 once the window holds enough pairs to calibrate.",
     "opml_verification_window_pairs": "Triplet (positive, negative) pairs in the window.",
     "opml_checkpoint_seq": "Last seq included in the latest checkpoint.",
-    "opml_model_owner": "1 while this process holds the model's lease (applies and "
-    "checkpoints it), 0 while it follows the log as a read replica.",
+    "opml_model_owner": "1 on the process that owns (learns and checkpoints) the model; the "
+    "other processes export no state gauges for it.",
     "opml_checkpoint_age_seconds": "Seconds since the latest checkpoint was written (since "
     "the model was created if it has none), computed at scrape time.",
 }

@@ -11,17 +11,19 @@ nothing).
 
 The default bound (``OPML_MAX_UNAPPLIED = 0``) is two learner batches' worth, at most
 :data:`AUTO_UNAPPLIED`: about constant learning time, hence lag, at any dimension.
+
+Where the learner is depends on who learns the model: this process (its writer's position), or
+another one, which publishes its applied seq in Redis after every batch; a :class:`Progress`
+(the model's runtime) says which, and wakes the waiters when it moves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from typing import Protocol
 
 from prometheus_client import Histogram
-
-from service.engine.snapshot import ModelClosed, SnapshotBoard
 
 #: A batch holds at most about BATCH_WORK / d^2 samples (the O(d^2) step makes that ~constant
 #: learning time: 4096 samples at d = 64, 64 at d = 512), so a snapshot is published every few
@@ -54,23 +56,26 @@ def unapplied_limit(dim: int, batch_max: int, max_unapplied: int) -> int:
     )
 
 
+class Progress(Protocol):
+    """Where the learner of a model stands."""
+
+    def backlog(self) -> int:
+        """Samples logged that the learner has not applied yet (as far as known here)."""
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Return when the backlog may have changed (at most ``timeout`` seconds); raise
+        :class:`~service.engine.snapshot.ModelClosed` if the model is gone."""
+
+
 class Admission:
     """Backpressure of one model: :meth:`wait_room` before an append, :meth:`done` after.
 
-    ``backlog`` says how many logged samples the learner has not applied yet; samples admitted
-    but not yet logged are counted here.
+    Samples admitted but not yet logged are counted here, the rest by ``progress``.
     """
 
-    def __init__(
-        self,
-        limit: int,
-        board: SnapshotBoard,
-        backlog: Callable[[], int],
-        waited: Histogram | None = None,
-    ) -> None:
+    def __init__(self, limit: int, progress: Progress, waited: Histogram | None = None) -> None:
         self.limit = limit
-        self._board = board
-        self._backlog = backlog
+        self._progress = progress
         self._waited = waited
         self._lock = asyncio.Lock()
         self._waiters = 0
@@ -79,7 +84,7 @@ class Admission:
     @property
     def unapplied(self) -> int:
         """Samples logged (or being appended) that the learner has not applied yet."""
-        return self._backlog() + self._appending
+        return self._progress.backlog() + self._appending
 
     async def wait_room(self, samples: int, timeout: float) -> bool:
         """Wait while more than :attr:`limit` samples are unapplied (False if ``timeout`` runs
@@ -93,12 +98,10 @@ class Admission:
         try:
             async with self._lock:
                 while self.unapplied > self.limit:
-                    if self._board.closed:
-                        raise ModelClosed()
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         return False
-                    await self._board.wait_changed(remaining)
+                    await self._progress.wait_changed(remaining)
                 self._appending += samples
                 return True
         finally:
@@ -106,9 +109,8 @@ class Admission:
             if self._waited is not None:
                 self._waited.observe(time.monotonic() - started)
 
-    def done(self, samples: int) -> None:
+    def done(self, samples: int) -> bool:
         """The append admitted by :meth:`wait_room` finished (logged: the backlog counts it
-        now; or failed); wake the next waiter."""
+        now; or failed). True when someone waits for room (the caller wakes them)."""
         self._appending -= samples
-        if self._waiters:  # a failed append frees room without a new snapshot
-            self._board.wake()
+        return self._waiters > 0

@@ -16,6 +16,8 @@ The parts, each in a module named for its job:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -41,6 +43,10 @@ from service.storage.group_commit import GroupCommit
 from service.storage.store import Appended, Group, NoSuchModel, Store, TooManyClasses
 
 log = logging.getLogger("service.runtime")
+
+#: How often a process that appends to a model another process learns re-reads the owner's
+#: published progress while an append waits for room (admission control).
+FOLLOWER_POLL_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,27 @@ def fingerprint(X: Array, keys: list[str]) -> str:
     return h.hexdigest()[:32]
 
 
+class NotServedHere(Unavailable):
+    """The operation needs the model's learner, which this process does not hold (another
+    process owns the model, or is taking it over): retry shortly (the API forwards such
+    requests to the owner, so this is only met while the model changes hands)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"model {name!r} is changing hands between service processes; retry shortly",
+            retry_after=1,
+        )
+
+
 class ModelRuntime:
-    """The live state of one model and the operations on it (see the module docstring)."""
+    """The live state of one model and the operations on it (see the module docstring).
+
+    Every process that knows the model has one: it can append samples to the log (ingestion is
+    served by any process). Only the process that owns the model (holds its lease) also has a
+    :class:`~service.engine.writer.Writer` (the learner, snapshots, checkpoints), between
+    :meth:`activate` and :meth:`deactivate`; the operations that read or wait for the learner
+    raise :class:`NotServedHere` elsewhere (the API forwards those requests to the owner).
+    """
 
     def __init__(
         self,
@@ -84,14 +109,14 @@ class ModelRuntime:
         self.config = config
         self.created_at = created_at
         self.settings = settings
-        self.metrics = telemetry.ModelMetrics(name, {})
+        self.store = store
+        self.metrics = telemetry.ModelMetrics(name)
         self.lease = Lease(store, name, owner_id, created_at, settings.lease_ttl_s)
         self.results = StepResultsKeeper()
-        self.writer = Writer(name, config, store, settings, self.lease, self.results, self.metrics)
+        self.writer: Writer | None = None
         self.admission = Admission(
             unapplied_limit(config.dim, settings.batch_max, settings.max_unapplied),
-            self.writer.board,
-            lambda: self.writer.logged_seq - self.writer.board.current.version,
+            self,
             self.metrics.backpressure_wait,
         )
         #: Appends to this model's log go through one queue (group commit).
@@ -102,45 +127,114 @@ class ModelRuntime:
             max_classes=settings.max_classes,
             max_samples=settings.max_batch,
         )
-        self.store = store
+        self.closed = False  # deleted (or the service is stopping)
+        self._loading: asyncio.Task[None] | None = None
+        #: Follower view of the log: the highest seq known logged, and the owner's applied seq.
+        self._logged = 0
+        self._applied_elsewhere = 0
+        self._room = asyncio.Event()  # set when an append finished while others wait for room
+
+    # -- who learns the model ----------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        """True while this process learns the model and can answer for its state: it holds
+        the lease and has applied the log it found when it took the model over."""
+        w = self.writer
+        return w is not None and self.lease.held and w.caught_up.is_set()
+
+    def _writer(self) -> Writer:
+        if self.writer is None or not self.lease.held:
+            raise NotServedHere(self.name)
+        return self.writer
 
     @property
     def snapshot(self) -> Snapshot:
-        """The latest published snapshot."""
-        return self.writer.board.current
+        """The latest published snapshot (NotServedHere where another process learns)."""
+        return self._writer().board.current
 
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    async def load(self) -> None:
-        """Restore the latest checkpoint and try to take the lease (the writer replays the
-        log tail once started)."""
-        await self.writer.load()
-        self.metrics.count_steps(self.writer.learner.counts)
-        await self.claim()
-
-    def start(self) -> None:
-        self.writer.start()
-
-    async def claim(self) -> None:
-        """Renew or take the lease (a Redis error is raised to the caller)."""
-        if await self.lease.claim():
+    async def claim(self) -> bool:
+        """Renew or take the lease; True when it was just taken (a Redis error is raised)."""
+        taken = await self.lease.claim()
+        if taken and self.writer is not None:
             self.writer.kick()  # a checkpoint may be due
+        return taken
 
-    async def stop(self, *, checkpoint: bool) -> None:
-        """Stop the writer after its batch; with ``checkpoint`` (and while we own the model)
-        write a final checkpoint and hand the lease back, so another process takes over at
-        once."""
+    def activate(self) -> asyncio.Task[None]:
+        """Start learning the model (we hold the lease): load its latest checkpoint and replay
+        the log tail in the background; :attr:`serving` once caught up."""
+        writer = Writer(
+            self.name,
+            self.config,
+            self.store,
+            self.settings,
+            self.lease,
+            self.results,
+            self.metrics,
+        )
+        self.writer = writer
+
+        async def load() -> None:
+            delay = 0.1
+            while self.writer is writer:
+                try:
+                    await writer.load()
+                    writer.start()
+                    return
+                except RedisError as exc:
+                    telemetry.REDIS_ERROR["loader"].inc()
+                    log.warning("%s: loading: Redis unavailable (%s); retrying", self.name, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+
+        self._loading = asyncio.create_task(load(), name=f"load:{self.name}")
+        return self._loading
+
+    async def caught_up(self) -> None:
+        """Wait until this process serves the model (after :meth:`activate`)."""
+        if self._loading is not None:
+            await self._loading
+        if self.writer is not None:
+            await self.writer.caught_up.wait()
+
+    async def deactivate(self, *, checkpoint: bool, closing: bool = False) -> None:
+        """Stop learning the model: the writer finishes its batch; with ``checkpoint`` (and
+        while we hold the lease) a final checkpoint is written and the lease handed back, so
+        another process takes over at once. ``closing``: the model is being deleted (waiters
+        get NotFound, not "moved")."""
+        writer, self.writer = self.writer, None
+        if self._loading is not None:
+            self._loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError, RedisError):
+                await self._loading
+            self._loading = None
+        if writer is None:
+            return
         try:
-            await self.writer.stop(final_checkpoint=checkpoint)
+            await writer.stop(final_checkpoint=checkpoint, moved=not closing)
             if checkpoint:
                 await self.lease.release()
         except RedisError as exc:
             telemetry.REDIS_ERROR["writer"].inc()
             log.warning("%s: final checkpoint failed (%s); the log keeps it", self.name, exc)
+        finally:
+            self.lease.token = None
+            self.metrics.not_learning()
+            self._logged = max(self._logged, writer.logged_seq)
+
+    async def close(self) -> None:
+        """The model is deleted: stop without a checkpoint; waiters get NotFound."""
+        self.closed = True
+        self._room.set()
+        await self.deactivate(checkpoint=False, closing=True)
+
+    async def wait_newer(self, seen: Snapshot) -> Snapshot:
+        """The first snapshot after ``seen`` (ModelClosed when the model goes or moves)."""
+        return await self._writer().board.wait_newer(seen)
 
     def status(self) -> ModelStatus:
-        """The model's status as of its latest snapshot."""
-        w = self.writer
+        """The model's status as of its latest snapshot (NotServedHere elsewhere)."""
+        w = self._writer()
         return ModelStatus(
             name=self.name,
             config=self.config,
@@ -154,6 +248,30 @@ class ModelRuntime:
             staleness_s=None if w.synced_at is None else max(0.0, time.monotonic() - w.synced_at),
         )
 
+    # -- progress of the learner (for admission control) --------------------------------------
+
+    def backlog(self) -> int:
+        """Logged samples the learner has not applied (:class:`~service.engine.admission.
+        Progress`): our writer's position, or the one the owner publishes in Redis."""
+        w = self.writer
+        if w is not None:
+            return w.logged_seq - w.board.current.version
+        return self._logged - self._applied_elsewhere
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Wait for the backlog to move: a new snapshot here; elsewhere, an append of ours
+        finishing or, polled every few ms, the owner's published progress."""
+        if self.closed:
+            raise ModelClosed()
+        w = self.writer
+        if w is not None:
+            await w.board.wait_changed(timeout)
+            return
+        self._room.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._room.wait(), min(timeout, FOLLOWER_POLL_S))
+        self._logged, self._applied_elsewhere = await self.store.progress(self.name)
+
     # -- operations ----------------------------------------------------------------------------
 
     async def ingest(
@@ -161,7 +279,7 @@ class ModelRuntime:
     ) -> IngestResult:
         """Append validated samples (rows of ``X``, their class keys) atomically to the log,
         and with ``wait`` wait until they are applied."""
-        token = self.results.want(self.snapshot.version) if wait else None
+        token = self.results.want(self.snapshot.version) if wait else None  # needs the learner
         try:
             appended = await self._append(X, keys, idempotency_field)
             n = appended.last_seq - appended.first_seq + 1
@@ -189,6 +307,8 @@ class ModelRuntime:
             room = await self.admission.wait_room(len(keys), s.apply_wait_s)  # in call order
         except ModelClosed:
             raise NotFound(f"model {self.name!r} was deleted") from None
+        if self.closed:
+            raise NotFound(f"model {self.name!r} was deleted")
         if not room:
             raise Unavailable(
                 f"the learner is {self.admission.unapplied} samples behind the log (more than "
@@ -202,7 +322,7 @@ class ModelRuntime:
                 Group(encode_vector(X), keys, idempotency_field, digest)
             )
             if not appended.replayed:
-                self.writer.notify_logged(appended.last_seq)  # before admission.done: no gap
+                self._notify_logged(appended.last_seq)  # before admission.done: no gap
         except NoSuchModel:
             raise NotFound(f"model {self.name!r} does not exist") from None
         except TooManyClasses as exc:
@@ -211,7 +331,8 @@ class ModelRuntime:
                 "(OPML_MAX_CLASSES)"
             ) from None
         finally:
-            self.admission.done(len(keys))
+            if self.admission.done(len(keys)):  # a failed append frees room without progress
+                self._wake_admission()
         if appended.replayed and appended.fingerprint != digest:
             raise Conflict(
                 "this idempotency key / frame id was used for different samples",
@@ -220,11 +341,24 @@ class ModelRuntime:
             )
         return appended
 
+    def _notify_logged(self, last_seq: int) -> None:
+        self._logged = max(self._logged, last_seq)
+        if self.writer is not None:
+            self.writer.notify_logged(last_seq)
+
+    def _wake_admission(self) -> None:
+        if self.writer is not None:
+            self.writer.board.wake()
+        self._room.set()
+
     async def _reached(self, target: StreamId, timeout: float) -> bool:
-        """Wait (bounded) until log entry ``target`` is applied; NotFound if the model goes."""
+        """Wait (bounded) until log entry ``target`` is applied; NotFound if the model goes,
+        NotServedHere if its learning moves to another process meanwhile."""
         try:
-            return await self.writer.board.wait_applied(target, timeout)
-        except ModelClosed:
+            return await self._writer().board.wait_applied(target, timeout)
+        except ModelClosed as exc:
+            if exc.moved:
+                raise NotServedHere(self.name) from None
             raise NotFound(f"model {self.name!r} was deleted") from None
 
     async def _wait_applied(self, target: StreamId, first: int, last: int) -> None:
@@ -239,11 +373,12 @@ class ModelRuntime:
 
     async def put_metric(self, L: Array) -> None:
         """Log a metric replacement after every sample logged so far; wait until applied."""
+        self._writer()  # only the process that learns the model takes it
         try:
             entry = await self.store.append_metric(self.name, encode_vector(L))
         except NoSuchModel:
             raise NotFound(f"model {self.name!r} does not exist") from None
-        self.writer.notify_logged(entry[0])
+        self._notify_logged(entry[0])
         await self._wait_applied(entry, entry[0], entry[0])
 
     async def read(self, min_version: int | None) -> Snapshot:
@@ -255,7 +390,7 @@ class ModelRuntime:
         if not await self._reached((min_version, 1), wait_s):
             raise Unavailable(
                 f"version {min_version} not reached within {wait_s:g} s (now "
-                f"{self.snapshot.version}, logged {self.writer.logged_seq})",
+                f"{self.snapshot.version}, logged {self._writer().logged_seq})",
                 retry_after=1,
                 version=self.snapshot.version,
             )

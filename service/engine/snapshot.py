@@ -22,7 +22,12 @@ from service.storage.codec import StreamId
 
 
 class ModelClosed(Exception):
-    """The model was deleted (or the service is stopping) while a request waited on it."""
+    """The model was deleted, or (``moved``) its learning moved to another process or the
+    service is stopping, while a request waited on it."""
+
+    def __init__(self, moved: bool = False) -> None:
+        super().__init__("moved" if moved else "closed")
+        self.moved = moved
 
 
 @dataclass(frozen=True)
@@ -70,12 +75,12 @@ class SnapshotBoard:
     >>> from service.core import LearnerConfig
     >>> board = SnapshotBoard(Snapshot.of(Learner(LearnerConfig(dim=2)), (0, 0), 0))
     >>> board.current.version, board.closed
-    (0, False)
+    (0, None)
     """
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.current = snapshot
-        self.closed = False
+        self.closed: ModelClosed | None = None
         self._changed = asyncio.Event()
 
     def publish(self, snapshot: Snapshot) -> None:
@@ -88,9 +93,10 @@ class SnapshotBoard:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    def close(self) -> None:
-        """No more snapshots: every waiter gets :class:`ModelClosed`."""
-        self.closed = True
+    def close(self, *, moved: bool) -> None:
+        """No more snapshots: every waiter gets :class:`ModelClosed` (``moved``: the model
+        still exists, another process will learn it)."""
+        self.closed = ModelClosed(moved)
         self.wake()
 
     async def wait_changed(self, timeout: float | None) -> None:
@@ -102,8 +108,8 @@ class SnapshotBoard:
         """Wait until the log entry ``target`` is applied; False if ``timeout`` runs out."""
         deadline = time.monotonic() + timeout
         while self.current.applied < target:
-            if self.closed:
-                raise ModelClosed()
+            if self.closed is not None:
+                raise self.closed
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -112,8 +118,8 @@ class SnapshotBoard:
 
     async def wait_newer(self, seen: Snapshot) -> Snapshot:
         """The first snapshot published after ``seen`` (ModelClosed if the model closes)."""
-        while self.current is seen and not self.closed:
+        while self.current is seen and self.closed is None:
             await self.wait_changed(None)
-        if self.closed:
-            raise ModelClosed()
+        if self.closed is not None:
+            raise self.closed
         return self.current

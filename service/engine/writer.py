@@ -11,11 +11,18 @@ Start-up: the latest checkpoint (or a fresh learner) plus a replay of the log ta
 RNG state is part of the checkpoint and the log is the order of application, the result equals
 applying every logged sample exactly once, in order.
 
-Checkpoints (only while this process holds the model's lease, each with its fencing token):
-every ``OPML_CHECKPOINT_EVERY`` samples or ``OPML_CHECKPOINT_INTERVAL_S`` after the first unsaved
-change, and on a graceful stop; each one trims the log behind it. When another process has
-checkpointed past our position (the log behind being trimmed) we load its checkpoint and go on
-from there: it is the state we would have reached, the state being a function of the log.
+A writer runs only in the process that owns the model (holds its lease): the others hold no
+learner state for it at all. Checkpoints, each with the lease's fencing token: every
+``OPML_CHECKPOINT_EVERY`` samples or ``OPML_CHECKPOINT_INTERVAL_S`` after the first unsaved
+change, and on a graceful stop or hand-over; each one trims the log behind it. After every batch
+the writer also publishes its applied seq in the model's meta hash (in the same round trip as
+its next read), for the admission control of processes that append but do not learn.
+
+It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
+when the registry relays an append made through another process (the ``opml:appended``
+pub/sub channel), and at the latest every ``OPML_POLL_INTERVAL_S``. If it finds a checkpoint
+past its own position, another process has taken the model over: it stops applying and gives
+the lease up (the registry then drops it).
 """
 
 from __future__ import annotations
@@ -103,18 +110,20 @@ class Writer:
         self.notify_logged(await self.store.logged_seq(self.name))
         if fields is not None:
             self._restore(checkpoint.decode(*fields, dim=self.learner.dim))
+        self.metrics.learning(self.learner.counts)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"writer:{self.name}")
 
-    async def stop(self, *, final_checkpoint: bool) -> None:
+    async def stop(self, *, final_checkpoint: bool, moved: bool) -> None:
         """Let the task finish its batch; then (``final_checkpoint``, while we own the model)
-        write a final checkpoint. Every waiter on the board gets ModelClosed."""
+        write a final checkpoint. Every waiter on the board gets ModelClosed (``moved``: the
+        model lives on elsewhere)."""
         self._stopping = True
         self._kick.set()
         if self._task is not None:
             await self._task
-        self.board.close()
+        self.board.close(moved=moved)
         if final_checkpoint and self.lease.held and self.board.current.applied != self._saved:
             await self._write_checkpoint()
 
@@ -155,13 +164,16 @@ class Writer:
         self._kick.clear()
         per_batch = self.samples_per_batch  # about that many samples, however many per entry
         count = max(1, min(per_batch, round(per_batch / self._per_entry)))
-        tail = await self.store.read_tail(self.name, after(self.board.current.applied), count)
-        if tail.checkpoint_applied is not None:
-            if tail.checkpoint_applied > self.board.current.applied:
-                await self._catch_up_to_checkpoint()
-                return True
-            if tail.checkpoint_applied[0] > self.checkpoint.seq:  # another's checkpoint
-                self.checkpoint = CheckpointInfo(tail.checkpoint_applied[0], tail.checkpoint_time)
+        current = self.board.current
+        tail = await self.store.read_tail(
+            self.name, after(current.applied), count, applied=current.version
+        )
+        if tail.checkpoint_applied is not None and tail.checkpoint_applied > current.applied:
+            # Another process checkpointed past us: it owns the model now (we were paused past
+            # our lease, or fenced). Stop learning; the registry drops this writer.
+            self.lease.lose("another process checkpointed past this one's position")
+            self._stopping = True
+            return False
         if tail.entries:
             await self._apply(tail.entries)
         if len(tail.entries) < count:
@@ -238,19 +250,6 @@ class Writer:
         self._since_checkpoint = 0
         self._dirty_since = None
         self._publish(Snapshot.of(self.learner, restored.applied, self.metric_puts))
-
-    async def _catch_up_to_checkpoint(self) -> None:
-        """Another writer checkpointed past our position (and trimmed the log behind it):
-        continue from its checkpoint, which is the state we would have reached."""
-        fields = await self.store.read_checkpoint(self.name)
-        if fields is None:
-            return
-        before = self.learner.counts
-        self._restore(checkpoint.decode(*fields, dim=self.learner.dim))
-        # keep opml_steps_total summing to the version
-        self.metrics.count_steps(
-            {k: max(0, n - before.get(k, 0)) for k, n in self.learner.counts.items()}
-        )
 
     def _checkpoint_due(self) -> bool:
         if self._since_checkpoint >= self.settings.checkpoint_every:

@@ -1,7 +1,8 @@
 """Every Redis key name of the service, in one place.
 
 One model's keys share the hash tag ``{name}`` so a Lua script or MULTI touching them stays in
-one Redis Cluster slot. The only key outside a model's slot is the registry set.
+one Redis Cluster slot. Outside the models' slots: the registry set and the members hash (each
+a key of its own, touched alone), and the pub/sub channel of appends.
 
 >>> ModelKeys("faces").log
 'opml:{faces}:log'
@@ -17,6 +18,11 @@ PREFIX = "opml"
 
 #: Set of model names (the registry). Not hash-tagged: it spans models.
 REGISTRY = f"{PREFIX}:models"
+#: Hash of the live service processes: member id -> ``"<expiry ms> <info JSON>"`` (heartbeats).
+MEMBERS = f"{PREFIX}:members"
+#: Pub/sub channel: the append script publishes the model's name after each append, so the
+#: process that owns the model wakes at once, whichever process appended.
+APPENDED = f"{PREFIX}:appended"
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,8 @@ class ModelKeys:
 
     @property
     def meta(self) -> str:
-        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``."""
+        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``, and
+        ``applied`` (the owner's last applied seq, published per batch)."""
         return f"{self._base}:meta"
 
     @property

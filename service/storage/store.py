@@ -19,11 +19,12 @@ from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from service.storage.codec import StreamId, encode_labels, parse_id
-from service.storage.keys import REGISTRY, ModelKeys
+from service.storage.keys import APPENDED, MEMBERS, REGISTRY, ModelKeys
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -32,7 +33,8 @@ return 1
 """
 
 # KEYS: meta, log, classes, idem, idem-exp
-# ARGV: now_ms, ttl_ms, max_classes, groups, then per group: idem field ('' = none), fingerprint,
+# ARGV: now_ms, ttl_ms, max_classes, groups, channel, model name (published on the channel
+#       when anything was appended), then per group: idem field ('' = none), fingerprint,
 #       n, x block, labels (JSON array), k, then its k distinct labels. Groups are appended in
 #       order, each exactly as if alone (a group commit: one script, one AOF write and fsync for
 #       requests/frames that arrived together), each as ONE log entry ``<last seq>-1`` holding
@@ -50,8 +52,9 @@ end
 local ttl = tonumber(ARGV[2])
 local max_classes = tonumber(ARGV[3])
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
+local first_seq = seq
 local out = {1}
-local p = 5
+local p = 7
 for g = 1, tonumber(ARGV[4]) do
   local field, fp, n = ARGV[p], ARGV[p + 1], tonumber(ARGV[p + 2])
   local x, y, k = ARGV[p + 3], ARGV[p + 4], tonumber(ARGV[p + 5])
@@ -86,17 +89,52 @@ for g = 1, tonumber(ARGV[4]) do
   end
 end
 redis.call('HSET', KEYS[1], 'seq', seq)
+if seq > first_seq then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return out
 """
 
-# KEYS: meta, log; ARGV: L bytes -> {0} | {1, entry id}
+# KEYS: meta, log; ARGV: L bytes, channel, model name -> {0} | {1, entry id}
 _APPEND_METRIC = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local puts = redis.call('HINCRBY', KEYS[1], 'puts', 1)
 local id = string.format('%d-%d', seq, puts + 1)
 redis.call('XADD', KEYS[2], id, 'L', ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 return {1, id}
+"""
+
+# KEYS: meta, ckpt, log; ARGV: applied seq, first id, count
+# -> {checkpoint's applied id or nil, its time or nil, {{id, {field, value, ...}}, ...}}
+#    (publishes the reader's applied seq in meta if it moved and the model still exists: an
+#    idle writer's reads write nothing, so they cost no AOF write)
+_READ_TAIL = """
+local was = redis.call('HGET', KEYS[1], 'applied')
+if was ~= ARGV[1] and redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSET', KEYS[1], 'applied', ARGV[1])
+end
+local c = redis.call('HMGET', KEYS[2], 'applied', 'time')
+return {c[1], c[2], redis.call('XRANGE', KEYS[3], ARGV[2], '+', 'COUNT', ARGV[3])}
+"""
+
+# KEYS: members; ARGV: member id, info JSON, ttl ms -> flat list of the live members' id, info
+# (our heartbeat, and expired members removed, with the server's clock: no skew between hosts)
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d %s', now + tonumber(ARGV[3]), ARGV[2]))
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local expiry, info = string.match(all[i + 1], '^(%d+) (.*)$')
+  if tonumber(expiry) < now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = info
+  end
+end
+return out
 """
 
 # KEYS: meta, ckpt, buffer, log, fence
@@ -116,6 +154,7 @@ return 1
 """
 
 # KEYS: lease, fence, meta; ARGV: owner id, ttl ms, created_at, held token ('' = none)
+# (member ids are the processes' advertised URLs: no two live processes share one)
 # -> {0} no such model (or another incarnation) | {1, token} held by us | {2, token} by another
 _CLAIM = """
 if redis.call('HGET', KEYS[3], 'created_at') ~= ARGV[3] then return {0} end
@@ -125,7 +164,10 @@ if cur then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(ARGV[4])}
   end
-  return {2, tonumber(string.match(cur, '^(%d+)'))}
+  local token, holder = string.match(cur, '^(%d+) (.*)$')
+  if ARGV[4] ~= '' or holder ~= ARGV[1] then return {2, tonumber(token)} end
+  -- held under our own member id but not by us: a previous incarnation of this process (one
+  -- address), which is dead: taken anew, with a new fencing token
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
@@ -230,6 +272,8 @@ class Store:
         self._checkpoint = client.register_script(_CHECKPOINT)
         self._claim = client.register_script(_CLAIM)
         self._release = client.register_script(_RELEASE)
+        self._heartbeat = client.register_script(_HEARTBEAT)
+        self._read_tail = client.register_script(_READ_TAIL)
 
     async def ping(self) -> None:
         await self.client.ping()
@@ -280,7 +324,7 @@ class Store:
         """Append several groups in order in one script (:class:`NoSuchModel` if the model is
         gone); each group's outcome is its own: appended, replayed, or over the class limit."""
         keys = ModelKeys(name)
-        args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups)]
+        args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups), APPENDED, name]
         for group in groups:
             if not group.keys:
                 raise ValueError("groups: a group has at least one sample")
@@ -307,23 +351,26 @@ class Store:
 
     async def append_metric(self, name: str, L: bytes) -> StreamId:
         keys = ModelKeys(name)
-        out = await self._append_metric(keys=[keys.meta, keys.log], args=[L])
+        out = await self._append_metric(keys=[keys.meta, keys.log], args=[L, APPENDED, name])
         if int(out[0]) == 0:
             raise NoSuchModel(name)
         return parse_id(out[1])
 
-    async def read_tail(self, name: str, after: str, count: int) -> Tail:
+    async def read_tail(self, name: str, after: str, count: int, *, applied: int) -> Tail:
         """Up to ``count`` entries (one or more samples each) with ids >= ``after``, and the
-        checkpoint's position, read in one transaction: if the checkpoint is past ``after``
-        the log before it is trimmed."""
+        checkpoint's position, read atomically by one script that also publishes the reader's
+        ``applied`` seq (the owner's progress, for other processes' admission control): if
+        the checkpoint is past ``after`` the log before it is trimmed."""
         keys = ModelKeys(name)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hmget(keys.checkpoint, ["applied", "time"])
-            pipe.xrange(keys.log, min=after, count=count)
-            (applied, at), entries = await pipe.execute()
+        ckpt_applied, at, entries = await self._read_tail(
+            keys=[keys.meta, keys.checkpoint, keys.log], args=[applied, after, count]
+        )
         return Tail(
-            entries=[(parse_id(entry_id), fields) for entry_id, fields in entries],
-            checkpoint_applied=None if applied is None else parse_id(applied),
+            entries=[
+                (parse_id(entry_id), dict(zip(flat[::2], flat[1::2], strict=True)))
+                for entry_id, flat in entries
+            ],
+            checkpoint_applied=None if ckpt_applied is None else parse_id(ckpt_applied),
             checkpoint_time=None if at is None else float(at),
         )
 
@@ -376,6 +423,37 @@ class Store:
 
     async def release_lease(self, name: str, owner: str, token: int) -> bool:
         return bool(await self._release(keys=[ModelKeys(name).lease], args=[f"{token} {owner}"]))
+
+    async def lease_holder(self, name: str) -> str | None:
+        """The member id of the process holding the model's lease (None: nobody)."""
+        raw = cast(bytes | None, await self.client.get(ModelKeys(name).lease))
+        return None if raw is None else raw.decode().split(" ", 1)[1]
+
+    # -- progress and membership -------------------------------------------------------------
+
+    async def progress(self, name: str) -> tuple[int, int]:
+        """(last logged seq, the owner's last published applied seq) of a model."""
+        seq, applied = await self.client.hmget(ModelKeys(name).meta, ["seq", "applied"])
+        return int(seq or 0), int(applied or 0)
+
+    async def heartbeat(self, member: str, info: str, ttl_ms: int) -> dict[str, str]:
+        """Announce ``member`` (``info``: its JSON) for ``ttl_ms``; the live members' infos."""
+        flat = await self._heartbeat(keys=[MEMBERS], args=[member, info, ttl_ms])
+        return {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
+
+    async def leave(self, member: str) -> None:
+        """``member`` stops (a graceful shutdown): the others need not wait for its expiry."""
+        await self.client.hdel(MEMBERS, member)
+
+    async def notify(self, name: str) -> None:
+        """Announce on :data:`~service.storage.keys.APPENDED` that model ``name`` needs its
+        owner's attention (it was released: the process that should own it takes it now)."""
+        await self.client.publish(APPENDED, name)
+
+    def appends(self) -> PubSub:
+        """A pub/sub subscription object for :data:`~service.storage.keys.APPENDED` (each
+        message: the name of a model whose log just grew)."""
+        return self.client.pubsub()
 
     async def read_checkpoint(self, name: str) -> tuple[dict[str, bytes], dict[str, bytes]] | None:
         """The ``ckpt`` and ``buffer`` hash fields, read together (None: no checkpoint yet)."""

@@ -12,6 +12,7 @@ import itertools
 import os
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -29,6 +30,16 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own. A service a test starts on the shared Redis would join
+    the shared service's deployment (several processes share the models of one keyspace) and
+    take some of its models over; on its own Redis it is alone."""
+    server = RedisServer(tmp_path / "redis").start()
+    yield server
     server.stop()
 
 

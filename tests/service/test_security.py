@@ -6,6 +6,7 @@ import io
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,14 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def secured(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    """A service with keys, bound to every interface (allowed: keys are configured)."""
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """A service with keys, bound to every interface (allowed: keys are configured), on a Redis
+    of its own (alone: not a member of the shared service's deployment)."""
     entries = [entry_for(key, [scope]) for scope, key in KEYS.items()]
+    server = RedisServer(tmp_path_factory.mktemp("secured-redis")).start()
     proc = ServiceProcess(
         tmp_path_factory.mktemp("secured"),
-        redis_url,
+        server.url,
         OPML_API_KEYS=json.dumps(entries),
         OPML_HOST="0.0.0.0",
         OPML_LOG_LEVEL="info",  # access log and start-up lines: checked for leaked keys
@@ -62,6 +65,7 @@ def secured(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         assert client.post("/v1/models", json={"name": "sec", "dim": 2}, headers=bearer)
     yield proc
     proc.stop()
+    server.stop()
 
 
 def auth(scope: str | None) -> dict[str, str]:
@@ -206,8 +210,9 @@ def test_keys_are_never_logged(secured: ServiceProcess) -> None:
 
 
 def test_without_keys_only_loopback_unless_explicitly_allowed(
-    redis_url: str, tmp_path: Path
+    own_redis: RedisServer, tmp_path: Path
 ) -> None:
+    redis_url = own_redis.url
     refused = ServiceProcess(tmp_path / "a", redis_url, OPML_HOST="0.0.0.0")
     with pytest.raises(RuntimeError, match=r"refusing to bind '0\.0\.0\.0' without API keys"):
         refused.start()
@@ -222,9 +227,9 @@ def test_without_keys_only_loopback_unless_explicitly_allowed(
 
 
 def test_bad_key_configuration_is_refused_without_echoing_it(
-    redis_url: str, tmp_path: Path
+    own_redis: RedisServer, tmp_path: Path
 ) -> None:
-    bad = ServiceProcess(tmp_path, redis_url, OPML_API_KEYS='["deadbeef:query"]')
+    bad = ServiceProcess(tmp_path, own_redis.url, OPML_API_KEYS='["deadbeef:query"]')
     with pytest.raises(RuntimeError, match=r"OPML_API_KEYS\[0\]"):
         bad.start()
     assert "deadbeef" not in bad.log_path.read_text()
@@ -260,6 +265,14 @@ def test_redis_password_through_the_url(tmp_path: Path) -> None:
         with pytest.raises(TimeoutError):  # never ready: Redis refuses it
             denied.start(timeout=6)
         with httpx.Client(base_url=denied.url, timeout=10) as client:
+            deadline = time.monotonic() + 60  # a loaded machine may take a while to listen
+            while True:
+                try:
+                    if client.get("/livez").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    assert time.monotonic() < deadline, "the service never listened"
+                    time.sleep(0.1)
             assert_problem(client.get("/readyz"), 503)
         assert denied.proc is not None
         denied.proc.kill()

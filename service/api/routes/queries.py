@@ -138,7 +138,7 @@ async def answer_distance(
 ) -> Response:
     """``POST .../distance`` from its raw parts (the route and the lean path both call it)."""
     a, b = parsing.distance_body(content_type, body, models.settings.max_body_bytes)
-    snap = await models.get(name).read(min_version)
+    snap = await (await models.lookup(name)).read(min_version)
     return await distance_answer(snap, a, b, npy=parsing.wants_npy(accept))
 
 
@@ -147,7 +147,7 @@ async def answer_verify(
 ) -> Response:
     """``POST .../verify`` from its raw parts (the route and the lean path both call it)."""
     parsed = parsing.json_body(VerifyBody, content_type, body)
-    runtime = models.get(name)
+    runtime = await models.lookup(name)
     snap = await runtime.read(min_version)
     return verify_answer(runtime, snap, parsed.a, parsed.b, parsed.threshold)
 
@@ -212,7 +212,7 @@ async def transform(
     min_version: MinVersionDep = None,
 ) -> Response:
     """``z = x L^T``: rows mapped into the learned space."""
-    snap = await models.get(name).read(min_version)
+    snap = await (await models.lookup(name)).read(min_version)
     X = parsing.matrix(body.x, snap.metric.dim, ["body", "x"])
     with np.errstate(all="ignore"):
         Z = parsing.finite_or_422(snap.metric.transform(X), "z")
@@ -228,7 +228,7 @@ async def get_metric(
     name: NameDep, models: ModelsDep, min_version: MinVersionDep = None, accept: Accept = None
 ) -> Response:
     """``L`` and its version; ``Accept: application/x-npy`` gives the .npy bytes of ``L``."""
-    snap = await models.get(name).read(min_version)
+    snap = await (await models.lookup(name)).read(min_version)
     if parsing.wants_npy(accept):
         body = parsing.npy_bytes(np.asarray(snap.metric.L))
         return Response(body, media_type=NPY, headers={"X-Version": str(snap.version)})
@@ -240,6 +240,6 @@ async def put_metric(
     name: NameDep, body: Annotated[MetricBody, json_body(MetricBody)], models: ModelsDep
 ) -> ModelOut:
     """Warm start: replace ``L`` (ordered after every sample logged before it)."""
-    runtime = models.get(name)
+    runtime = await models.lookup(name)
     await runtime.put_metric(parsing.metric(body.L, runtime.config.dim))
     return ModelOut.model_validate(model_document(runtime.status()))

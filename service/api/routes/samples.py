@@ -40,7 +40,7 @@ async def ingest_samples(
 ) -> Response:
     """Append samples to the model's durable log (202 once logged; 200 once applied)."""
     result = await ingest(
-        models.get(name),
+        (await models.lookup(name)),
         body.as_samples(),
         loc=["body", "samples"] if body.samples is not None else ["body"],
         indexed=body.samples is not None,

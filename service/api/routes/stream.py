@@ -36,7 +36,7 @@ from service.api.presenters import event_frame
 from service.api.problems import from_redis, problem, status_of
 from service.api.schemas import NAME_PATTERN, BinaryHeader, Sample, StreamFrame
 from service.engine.registry import Registry
-from service.engine.runtime import ModelRuntime
+from service.engine.runtime import ModelRuntime, NotServedHere
 from service.engine.snapshot import ModelClosed
 from service.errors import InvalidInput, NotFound, ServiceError
 from service.storage.codec import DTYPE
@@ -45,6 +45,9 @@ router = APIRouter(prefix="/v1/models/{name}", tags=["websocket"])
 
 #: Close code for a connection to a model that does not exist / was deleted.
 CLOSE_NOT_FOUND = 4404
+#: Close code (RFC 6455 "try again later") when the model's learning moves to another process:
+#: reconnecting reaches the new owner.
+CLOSE_TRY_AGAIN = 1013
 
 
 #: Handshake response header of ``/stream``: the frame encodings this server reads.
@@ -76,7 +79,7 @@ async def _open(
     try:
         if not re.fullmatch(NAME_PATTERN, name):
             raise InvalidInput(f"name: must match {NAME_PATTERN}")
-        return models.get(name)
+        return await models.lookup(name)
     except ServiceError as exc:
         await websocket.send_json({"error": problem(exc), "id": None})
         await websocket.close(CLOSE_NOT_FOUND if status_of(exc) == 404 else 1008)
@@ -241,6 +244,13 @@ def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError
     return head.id, BinaryFrame(head.id, Block(X, list(head.y)))
 
 
+async def _close_with(websocket: WebSocket, error: ServiceError, code: int = 0) -> None:
+    """Send ``error`` as the last frame and close (4404 for NotFound unless ``code``)."""
+    with contextlib.suppress(Exception):
+        await websocket.send_json({"error": problem(error), "id": None})
+        await websocket.close(code or CLOSE_NOT_FOUND)
+
+
 @router.websocket("/events", name="model_events")
 async def model_events(
     websocket: WebSocket,
@@ -259,9 +269,8 @@ async def model_events(
 
     async def produce() -> None:
         nonlocal dropped
-        board = runtime.writer.board
         while True:
-            status = runtime.status()
+            status = runtime.status()  # NotServedHere if the model moves: the socket closes
             if len(pending) >= limit:
                 pending.popleft()
                 dropped += 1
@@ -269,7 +278,7 @@ async def model_events(
             pending.append(event_frame(status))
             ready.set()
             await asyncio.sleep(interval_ms / 1000)
-            await board.wait_newer(status.snapshot)
+            await runtime.wait_newer(status.snapshot)
 
     async def deliver() -> None:
         while True:
@@ -287,11 +296,11 @@ async def model_events(
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if isinstance(task.exception(), ModelClosed):
-                gone = problem(NotFound(f"model {name!r} was deleted"))
-                with contextlib.suppress(Exception):
-                    await websocket.send_json({"error": gone, "id": None})
-                    await websocket.close(CLOSE_NOT_FOUND)
+            exc = task.exception()
+            if isinstance(exc, ModelClosed) and not exc.moved:
+                await _close_with(websocket, NotFound(f"model {name!r} was deleted"))
+            elif isinstance(exc, ModelClosed | NotServedHere):  # learned elsewhere from now on
+                await _close_with(websocket, NotServedHere(name), CLOSE_TRY_AGAIN)
     finally:
         telemetry.WS_OPEN["events"].dec()
         for task in tasks:
