@@ -34,6 +34,13 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Bound on every Redis call; past it the API answers 503."
     )
+    redis_wait_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="Acknowledge a sample or metric append only after WAIT confirmed this many "
+        "Redis replicas have it (else 503; retry with the same idempotency key); 0: an ack means "
+        "'in the master'. Every process of a keyspace must use the same value.",
+    )
     log_level: str = Field(default="info", description="uvicorn / service log level.")
 
     # -- security (service/security.py) --

@@ -26,7 +26,7 @@ from service.core import warm_up
 from service.engine.registry import Registry
 from service.security import KeyRing
 from service.storage.embedded import EmbeddedRedis
-from service.storage.store import Store, connect, redacted_url
+from service.storage.store import Store, redacted_url
 
 log = logging.getLogger("service")
 
@@ -46,11 +46,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     url = settings.redis_url
     if url is None:
         embedded = EmbeddedRedis(settings.data_dir, settings.redis_appendfsync)
-        url = await asyncio.to_thread(embedded.start)
+        url = await asyncio.to_thread(embedded.start)  # supervised: restarted if it dies
     else:
         log.info("using Redis at %s", redacted_url(url))
-    client = connect(url, settings.redis_timeout_s)
-    models = Registry(Store(client), settings)
+    store = Store.connect(url, settings.redis_timeout_s, wait_replicas=settings.redis_wait_replicas)
+    models = Registry(store, settings)
     app.state.models = models
     observe.watch(lambda: [rt.status() for rt in models.runtimes.values()])
     models.start()
@@ -59,7 +59,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         await models.close()
         observe.watch(tuple)
-        await client.aclose()
+        await store.aclose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
         log.info("stopped")

@@ -56,11 +56,13 @@ class Registry:
         delay = 0.1
         while True:
             try:
+                await self.store.open()  # a single server or a Redis Cluster
                 version = await self.store.server_version()
                 if version < (6, 2):
                     log.error("Redis %s is too old; 6.2 or newer is needed", version)
                 async with self._lock:
-                    for name in await self.store.model_names():
+                    # the registry may lag behind the models (see service.storage.store)
+                    for name in await self.store.repair_registry():
                         if name not in self.runtimes:
                             await self._load(name)
                 for runtime in list(self.runtimes.values()):

@@ -18,6 +18,22 @@ PREFIX = "opml"
 #: Set of model names (the registry). Not hash-tagged: it spans models.
 REGISTRY = f"{PREFIX}:models"
 
+#: SCAN pattern of every model's meta hash (``{`` and ``}`` are literal in Redis patterns).
+META_PATTERN = f"{PREFIX}:{{*}}:meta"
+
+
+def name_of_meta(key: bytes) -> str:
+    """The model name of a meta key found by :data:`META_PATTERN`.
+
+    >>> name_of_meta(b"opml:{faces}:meta")
+    'faces'
+    """
+    text = key.decode()
+    head, tail = f"{PREFIX}:{{", "}:meta"
+    if not (text.startswith(head) and text.endswith(tail)):
+        raise ValueError(f"key: {text!r} is not a model's meta key")
+    return text[len(head) : -len(tail)]
+
 
 @dataclass(frozen=True)
 class ModelKeys:
@@ -31,7 +47,9 @@ class ModelKeys:
 
     @property
     def meta(self) -> str:
-        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``."""
+        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``, and
+        with ``OPML_REDIS_WAIT_REPLICAS`` > 0 ``confirmed`` (the log id up to which appends are
+        confirmed by replicas). The model exists if and only if this key does."""
         return f"{self._base}:meta"
 
     @property
