@@ -271,6 +271,30 @@ class LocalCluster:
 
         wait_for(f"{replica.name} to take over", promoted)
 
+    def migrate(self, slot: int, target: Node) -> None:
+        """Move ``slot`` and its keys to the master ``target`` (resharding: IMPORTING /
+        MIGRATING, MIGRATE, then SETSLOT NODE on every master), as ``redis-cli --cluster
+        reshard`` does; clients that still send the slot to the old master get MOVED."""
+        source = next(m for m in self.masters() if slot in self._slots_of(m))
+        target.client().execute_command("CLUSTER SETSLOT", slot, "IMPORTING", source.node_id)
+        source.client().execute_command("CLUSTER SETSLOT", slot, "MIGRATING", target.node_id)
+        while keys := source.client().execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+            source.client().execute_command(
+                "MIGRATE", "127.0.0.1", target.port, "", 0, 10_000, "KEYS", *keys
+            )
+        for master in self.masters():
+            master.client().execute_command("CLUSTER SETSLOT", slot, "NODE", target.node_id)
+        wait_for(
+            f"every node to see slot {slot} on {target.name}",
+            lambda: all(slot in self._slots_of(target, n) for n in self.nodes if n.running),
+        )
+
+    def _slots_of(self, master: Node, viewer: Node | None = None) -> set[int]:
+        view = (viewer or master).slot_map()
+        return {
+            s for (a, b), nodes in view.items() if nodes[0] == master.name for s in range(a, b + 1)
+        }
+
     def heal(self) -> None:
         """Every node running again and the cluster healthy (after a test killed some)."""
         for node in self.nodes:

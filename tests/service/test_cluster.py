@@ -151,6 +151,43 @@ def test_wait_counts_the_replicas_that_have_this_very_append(fresh: LocalCluster
     asyncio.run(scenario())
 
 
+def test_appends_follow_a_slot_that_moved_to_another_master(fresh: LocalCluster) -> None:
+    """Resharding: the model's slot moves to another master while a store holds the old slot
+    map; its next appends get MOVED and follow it, with and without WAIT (and a script cache
+    flushed meanwhile is reloaded)."""
+    name = "moving"
+    meta = ModelKeys(name).meta
+    source = fresh.master_of(meta)
+    target = next(m for m in fresh.masters() if m.name != source.name)
+
+    def group(i: int) -> Group:
+        return Group(np.float64(i).tobytes(), ["a"], f"h:{i}", "fp")
+
+    async def scenario() -> None:
+        plain = Store.connect(source.url, 2.0)
+        waiting = Store.connect(source.url, 2.0, wait_replicas=1)
+        for store in (plain, waiting):
+            await store.open()
+        assert await plain.create_model(name, {"dim": 1}, 1.0)
+        for i, store in enumerate((plain, waiting)):
+            await store.append_groups(name, [group(i)], now_ms=0, ttl_ms=60_000, max_classes=9)
+        fresh.migrate(key_slot(meta.encode()), target)
+        target.client().script_flush()
+        for i, store in enumerate((waiting, plain), start=2):  # both still think: source
+            (appended,) = await store.append_groups(name, [group(i)], now_ms=0, ttl_ms=60_000,
+                                                    max_classes=9)  # fmt: skip
+            assert isinstance(appended, Appended) and appended.first_seq == i + 1
+        # the waiting store reads up to what WAIT confirmed: not the plain store's last append
+        tail = await waiting.read_tail(name, "0-0", 10)
+        assert [entry for entry, _ in tail.entries] == [(1, 1), (2, 1), (3, 1)]
+        for store in (plain, waiting):
+            await store.aclose()
+
+    asyncio.run(scenario())
+    assert fresh.master_of(meta).name == target.name
+    assert target.client().xlen(ModelKeys(name).log) == 4 and not source.client().keys("opml:*")
+
+
 # -- the service ----------------------------------------------------------------------------------
 
 
