@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -124,6 +124,15 @@ class Settings(BaseSettings):
     events_queue: int = Field(
         default=16, ge=1, description="Undelivered /events frames kept per reader."
     )
+
+    @model_validator(mode="after")
+    def _replicas_need_a_redis_url(self) -> Settings:
+        if self.redis_wait_replicas and self.redis_url is None:
+            raise ValueError(
+                "redis_wait_replicas: the embedded Redis has no replicas, so no append could "
+                "ever be acknowledged; set OPML_REDIS_URL to a Redis with replicas, or use 0"
+            )
+        return self
 
 
 @lru_cache

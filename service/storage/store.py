@@ -360,7 +360,10 @@ class _Cluster(RedisCluster):
 def connect_cluster(url: str, timeout_s: float) -> RedisCluster:
     """A client of the Redis Cluster that the node at ``url`` belongs to (it finds the other
     nodes itself; same options as :func:`connect`)."""
-    client: RedisCluster = _Cluster.from_url(url, **_client_options(timeout_s))
+    try:
+        client: RedisCluster = _Cluster.from_url(url, **_client_options(timeout_s))
+    except RedisClusterException as exc:  # e.g. a database other than 0 in the URL
+        raise ClusterUnavailable(f"OPML_REDIS_URL names a cluster node: {exc}") from exc
     return client
 
 

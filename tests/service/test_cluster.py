@@ -115,6 +115,8 @@ def test_cluster_failures_are_redis_errors() -> None:
         await client.aclose()
 
     asyncio.run(scenario())
+    with pytest.raises(redis.RedisError, match=r"OPML_REDIS_URL names a cluster node: .* 'db'"):
+        connect_cluster("redis://127.0.0.1:1/3", 0.5)  # a cluster has database 0 only
 
 
 def test_wait_counts_the_replicas_that_have_this_very_append(fresh: LocalCluster) -> None:

@@ -9,7 +9,9 @@ import signal
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
+from service.config import Settings
 from tests.service.cluster import wait_for
 from tests.service.support import ServiceProcess, make_model
 
@@ -47,3 +49,9 @@ def test_a_killed_embedded_redis_is_restarted_and_the_service_recovers(tmp_path:
     assert f"redis-server (pid {first['pid']}) exited" in log and "is back" in log
     with pytest.raises(ProcessLookupError):  # a clean stop stops the restarted server too
         os.kill(again["pid"], 0)
+
+
+def test_waiting_for_replicas_needs_a_redis_with_replicas() -> None:
+    with pytest.raises(ValidationError, match="redis_wait_replicas: the embedded Redis has no"):
+        Settings(redis_wait_replicas=1)  # no OPML_REDIS_URL: the embedded server
+    assert Settings(redis_wait_replicas=1, redis_url="redis://r:6379/0").redis_wait_replicas == 1
