@@ -492,8 +492,8 @@ class Store:
         dangling = sorted(registered - metas)
         if dangling:
             await self.client.srem(REGISTRY, *dangling)
-            # A create may have written its meta after the SCAN (before re-adding its name,
-            # which then preceded our SREM): look again, after the SREM.
+            # A create of that name may be under way: its meta written after our SCAN and its
+            # name added before our SREM. Look again after the SREM and put such names back.
             for name in dangling:
                 if await self.model_exists(name):
                     await self.client.sadd(REGISTRY, name)
