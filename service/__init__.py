@@ -34,7 +34,8 @@ The durability path of a sample, with the file that does each step:
 3. **group commit** -- ``storage/group_commit.py`` gathers the appends that arrive together;
 4. **Lua append** -- ``storage/store.py`` (``_APPEND``): one script assigns the seqs, records
    the idempotency answer and ``XADD``\\ s one entry per request/frame, atomically; the ack is
-   sent only after it returned;
+   sent only after it returned (with ``OPML_REDIS_WAIT_REPLICAS`` = n, and after ``WAIT n``
+   confirmed n replicas have it);
 5. **log** -- the model's Redis Stream ``opml:{name}:log`` (``storage/keys.py``, layout in
    ``storage/codec.py``), persisted by Redis' AOF;
 6. **writer** -- ``engine/writer.py`` reads the log in order and applies it with the core

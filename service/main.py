@@ -28,7 +28,7 @@ from service.core import warm_up
 from service.engine.registry import Registry
 from service.security import KeyRing
 from service.storage.embedded import EmbeddedRedis
-from service.storage.store import Store, connect, redacted_url
+from service.storage.store import Store, redacted_url
 
 log = logging.getLogger("service")
 
@@ -64,11 +64,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     url = settings.redis_url
     if url is None:
         embedded = EmbeddedRedis(settings.data_dir, settings.redis_appendfsync)
-        url = await asyncio.to_thread(embedded.start)
+        url = await asyncio.to_thread(embedded.start)  # supervised: restarted if it dies
     else:
         log.info("using Redis at %s", redacted_url(url))
-    client = connect(url, settings.redis_timeout_s)
-    models = Registry(Store(client), settings, advertised_url(settings))
+    store = Store.connect(url, settings.redis_timeout_s, wait_replicas=settings.redis_wait_replicas)
+    models = Registry(store, settings, advertised_url(settings))
     app.state.models = models
     app.state.forwarder = Forwarder(
         models.owner_id, settings.apply_wait_s + settings.min_version_wait_s + 10
@@ -81,7 +81,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await models.close()
         observe.watch(tuple)
         await app.state.forwarder.aclose()
-        await client.aclose()
+        await store.aclose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
         log.info("stopped")

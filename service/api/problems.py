@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service import telemetry
 from service.api.parsing import invalid_request
 from service.errors import Forbidden, ServiceError, Unauthorized, Unavailable
+from service.storage.store import NotReplicated
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 #: Base of the ``type`` URIs (relative references, RFC 9457 Sec. 3.1.1).
@@ -104,7 +105,10 @@ def problem_response(error: ServiceError) -> JSONResponse:
 
 
 def from_redis(exc: RedisError) -> Unavailable:
-    """The 503 a failed Redis call turns into."""
+    """The 503 a failed Redis call turns into (a redirect of Redis Cluster never gets here:
+    the cluster client follows it; a failover in progress does, and passes)."""
+    if isinstance(exc, NotReplicated):  # its message says what to do
+        return Unavailable(str(exc))
     return Unavailable(f"Redis is unavailable ({type(exc).__name__}); retry shortly")
 
 

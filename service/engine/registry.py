@@ -81,9 +81,13 @@ class Registry:
         delay = 0.1
         while True:  # the first round: whatever Redis does, keep trying
             try:
+                await self.store.open()  # a single server or a Redis Cluster
                 version = await self.store.server_version()
                 if version < (6, 2):
                     log.error("Redis %s is too old; 6.2 or newer is needed", version)
+                async with self._lock:
+                    # the registry may lag behind the models (see service.storage.store)
+                    await self.store.repair_registry()
                 await self._round()
                 break
             except RedisError as exc:
@@ -244,7 +248,7 @@ class Registry:
     async def gone(self, name: str) -> bool:
         """True (and the model forgotten here) when ``name`` no longer exists in Redis: it was
         deleted through another process since our last registry round."""
-        if await self.store.model_meta(name) is not None:
+        if await self.store.model_exists(name):
             return False
         async with self._lock:
             runtime = self.runtimes.get(name)

@@ -24,6 +24,22 @@ MEMBERS = f"{PREFIX}:members"
 #: process that owns the model wakes at once, whichever process appended.
 APPENDED = f"{PREFIX}:appended"
 
+#: SCAN pattern of every model's meta hash (``{`` and ``}`` are literal in Redis patterns).
+META_PATTERN = f"{PREFIX}:{{*}}:meta"
+
+
+def name_of_meta(key: bytes) -> str:
+    """The model name of a meta key found by :data:`META_PATTERN`.
+
+    >>> name_of_meta(b"opml:{faces}:meta")
+    'faces'
+    """
+    text = key.decode()
+    head, tail = f"{PREFIX}:{{", "}:meta"
+    if not (text.startswith(head) and text.endswith(tail)):
+        raise ValueError(f"key: {text!r} is not a model's meta key")
+    return text[len(head) : -len(tail)]
+
 
 @dataclass(frozen=True)
 class ModelKeys:
@@ -38,7 +54,9 @@ class ModelKeys:
     @property
     def meta(self) -> str:
         """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``, and
-        ``applied`` (the owner's last applied seq, published per batch)."""
+        ``applied`` (the owner's last applied seq, published per batch), and with
+        ``OPML_REDIS_WAIT_REPLICAS`` > 0 ``confirmed`` (the log id up to which appends are
+        confirmed by replicas). The model exists if and only if this key does."""
         return f"{self._base}:meta"
 
     @property
