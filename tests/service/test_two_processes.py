@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +18,7 @@ from redis.asyncio import Redis as AsyncRedis
 from websockets.sync.client import connect
 
 from service.storage.store import Fenced, Store
+from tests.service.conftest import Launch
 from tests.service.support import RedisServer, ServiceProcess, core_learner, make_model, stream
 
 #: Checkpoints every 100 samples, or 1 s after the last change: the writer reads the log in
@@ -80,10 +79,10 @@ def test_fencing_refuses_a_checkpoint_with_an_older_token(own_redis: RedisServer
 
 
 def test_one_owner_replica_follows_creates_and_deletes(
-    tmp_path: Path, own_redis: RedisServer
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
 ) -> None:
-    a = ServiceProcess(tmp_path / "a", own_redis.url, **STEADY).start()
-    b = ServiceProcess(tmp_path / "b", own_redis.url, **STEADY).start()
+    a = launch(tmp_path / "a", own_redis.url, **STEADY).start()
+    b = launch(tmp_path / "b", own_redis.url, **STEADY).start()
     try:
         X, y = stream(400, 3, 4, seed=3)
         with a.client() as api_a, b.client() as api_b:
@@ -118,10 +117,10 @@ def test_one_owner_replica_follows_creates_and_deletes(
 
 
 def test_failover_after_kill_9_loses_nothing_and_applies_nothing_twice(
-    tmp_path: Path, own_redis: RedisServer
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
 ) -> None:
-    a = ServiceProcess(tmp_path / "a", own_redis.url, **FAST).start()
-    b = ServiceProcess(tmp_path / "b", own_redis.url, **FAST).start()
+    a = launch(tmp_path / "a", own_redis.url, **FAST).start()
+    b = launch(tmp_path / "b", own_redis.url, **FAST).start()
     X, y = stream(3000, 4, 5, seed=11)
     acked: list[int] = []
     try:
@@ -158,16 +157,15 @@ def test_failover_after_kill_9_loses_nothing_and_applies_nothing_twice(
         np.testing.assert_allclose(np.array(L_a), ref.L, rtol=0, atol=1e-12)
     finally:
         for svc in (a, b):
-            if svc.proc is not None:
-                svc.stop()
+            svc.stop()
 
 
 def test_a_paused_owner_cannot_overwrite_the_new_owners_state(
-    tmp_path: Path, own_redis: RedisServer
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
 ) -> None:
     by_count = {**FAST, "OPML_CHECKPOINT_INTERVAL_S": "3600"}  # A keeps unsaved state when frozen
-    a = ServiceProcess(tmp_path / "a", own_redis.url, **by_count).start()
-    b = ServiceProcess(tmp_path / "b", own_redis.url, **FAST).start()
+    a = launch(tmp_path / "a", own_redis.url, **by_count).start()
+    b = launch(tmp_path / "b", own_redis.url, **FAST).start()
     rdb = redis.Redis.from_url(own_redis.url)
     X, y = stream(600, 3, 3, seed=5)
 
@@ -184,14 +182,13 @@ def test_a_paused_owner_cannot_overwrite_the_new_owners_state(
         assert 100 <= first <= 250
         send(a, 250, 290)  # applied by A; A saves only when 100 are unsaved
         eventually(lambda: model(a, "m")["version"] == 290)  # type: ignore[index]
-        assert a.proc is not None
-        os.kill(a.proc.pid, signal.SIGSTOP)  # A freezes past its lease, with unsaved state
+        a.pause()  # A freezes past its lease, with unsaved state
         try:
             eventually(lambda: (m := model(b, "m")) and m["owner"])
             send(b, 290, 600)
             eventually(lambda: model(b, "m")["checkpoint"]["seq"] == 600)  # type: ignore[index]
         finally:
-            os.kill(a.proc.pid, signal.SIGCONT)
+            a.resume()
         # A wakes up thinking it owns the model; Redis refuses its stale token
         resumed = eventually(lambda: (m := model(a, "m")) and m["version"] == 600 and m)
         eventually(lambda: model(a, "m")["owner"] is False)  # type: ignore[index]
