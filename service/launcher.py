@@ -30,8 +30,8 @@ Choices where nothing else decides:
   a Ctrl-C meant for the caller does not reach it, and the forced stop can SIGKILL the group
   (the service and any child in it). The embedded redis-server runs in a session of its own
   (see :mod:`service.storage.embedded`), so the launcher finds it through ``redis.json`` in
-  the data dir and checks that the pid is a ``redis-server`` working in that dir before it
-  signals it.
+  the data dir, and signals it only if no service holds the dir's lock (else it is that
+  service's server) and the pid is a ``redis-server`` working in that dir (not a reused pid).
 * The environment is the caller's minus every ``OPML_*`` variable, plus the given settings:
   a shell that exports, say, ``OPML_API_KEYS`` does not change what a test or benchmark runs.
   Defaults: ``OPML_HOST=127.0.0.1``, ``OPML_LOG_LEVEL=warning``.
