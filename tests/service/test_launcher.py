@@ -10,6 +10,7 @@ import pytest
 
 from service.launcher import ServiceProcess
 from tests.service.conftest import Launch
+from tests.service.support import assert_problem
 
 
 def gone(pid: int) -> bool:
@@ -88,13 +89,14 @@ def test_a_service_that_cannot_start_raises_with_its_log_and_leaves_nothing(
 
 
 def test_the_callers_opml_variables_do_not_reach_the_service(
-    tmp_path: Path, redis_url: str, launch: Launch, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, launch: Launch, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OPML_MAX_DIM", "2")
     monkeypatch.setenv("OPML_API_KEYS", '["0000:admin"]')  # would refuse to start
-    svc = launch(tmp_path, redis_url, OPML_MAX_MODELS="7").start()
-    assert svc.env["OPML_MAX_MODELS"] == "7" and "OPML_MAX_DIM" not in svc.env
+    svc = launch(tmp_path, None, OPML_MAX_BATCH="3").start()
+    assert svc.env["OPML_MAX_BATCH"] == "3" and "OPML_MAX_DIM" not in svc.env
     with svc.client() as api:
-        answer = api.post("/v1/models", json={"name": "launcher-env", "dim": 5})
-        assert answer.status_code == 201  # the default OPML_MAX_DIM (1024), not 2
-        api.delete("/v1/models/launcher-env")
+        made = api.post("/v1/models", json={"name": "m", "dim": 5})
+        assert made.status_code == 201  # the default OPML_MAX_DIM (1024), not the caller's 2
+        four = {"samples": [{"x": [0.0] * 5, "y": i} for i in range(4)]}
+        assert_problem(api.post("/v1/models/m/samples", json=four), 422)  # the given limit
