@@ -9,7 +9,8 @@ given URL), waits until ``GET /readyz`` answers 200, and stops it within a bound
   :class:`TimeoutError`; either way the message ends with the tail of the service's log, and a
   process that is still running is stopped before the error is raised.
   :meth:`~ServiceProcess.spawn` and :meth:`~ServiceProcess.wait_ready` are the two halves, for
-  a caller that wants to look at a service that never becomes ready.
+  a caller that wants to look at a service that never becomes ready
+  (:meth:`~ServiceProcess.wait_answering`: its first answer, ready or not).
 * **Stop** (:meth:`~ServiceProcess.stop`): SIGTERM (the service's graceful shutdown: writers
   finish their batch, final checkpoints, the embedded redis-server is shut down), SIGCONT in
   case it is paused, then wait up to ``stop_timeout`` seconds. Past that, SIGKILL to its whole
@@ -64,6 +65,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -208,6 +210,17 @@ class ServiceProcess:
         """Wait until ``/readyz`` answers 200: :class:`RuntimeError` if the process exits
         first, :class:`TimeoutError` after ``timeout`` seconds (the process is left as it
         is: the caller may look at it, and stops it)."""
+        self._poll_readyz(lambda answer: answer.status_code == 200, timeout, "ready")
+        return self
+
+    def wait_answering(self, timeout: float = 60.0) -> httpx.Response:
+        """Wait until the service answers HTTP at all, ready or not (e.g. 503 while its Redis
+        refuses it); its first ``/readyz`` answer. Errors as :meth:`wait_ready`."""
+        return self._poll_readyz(lambda answer: True, timeout, "answering")
+
+    def _poll_readyz(
+        self, done: Callable[[httpx.Response], bool], timeout: float, what: str
+    ) -> httpx.Response:
         proc = self._proc
         if proc is None:
             raise RuntimeError("the service was never started")
@@ -216,15 +229,16 @@ class ServiceProcess:
             while True:
                 if proc.poll() is not None:
                     raise RuntimeError(
-                        f"service exited with status {proc.returncode} before it was ready; "
+                        f"service exited with status {proc.returncode} before it was {what}; "
                         f"end of {self.log_path}:\n{self.log_tail()}"
                     )
                 with contextlib.suppress(httpx.HTTPError):
-                    if probe.get("/readyz").status_code == 200:
-                        return self
+                    answer = probe.get("/readyz")
+                    if done(answer):
+                        return answer
                 if time.monotonic() > deadline:
                     raise TimeoutError(
-                        f"service not ready within {timeout} s; end of {self.log_path}:\n"
+                        f"service not {what} within {timeout} s; end of {self.log_path}:\n"
                         f"{self.log_tail()}"
                     )
                 with contextlib.suppress(subprocess.TimeoutExpired):
