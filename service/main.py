@@ -1,4 +1,4 @@
-"""The application factory: settings, Redis, the engine, routes, errors.
+"""The application factory: settings, Redis, the engine, routes, errors, the docs pages.
 
 >>> app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
 >>> app.title
@@ -10,6 +10,10 @@
   thread of their own from the app's start; the server answers meanwhile (``/livez``), and
   ``/readyz`` answers 503 saying so until they are ready. Nothing else waits for them but the
   learners' first batches.
+* **Docs pages**: ``/docs`` (Swagger UI) and ``/redoc`` load their scripts and styles from the
+  service itself (``/static-offline-docs/``, the files of the ``fastapi-offline`` package), not
+  from a CDN, and no web fonts: they work on a closed network. Swagger UI's online validator
+  badge is off for the same reason.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from fastapi_offline import FastAPIOffline
 
 from service.api import auth, deps, observe, problems
 from service.api.forward import Forwarder, OwnerRouting
@@ -153,7 +158,7 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
     """A configured application on ``settings.redis_url``, else on ``redis_url`` (nothing
     starts until its lifespan runs)."""
     settings = settings or get_settings()
-    app = FastAPI(
+    app = FastAPIOffline(
         **_NO_OTEL,
         title="opml-service",
         version="1.0.0",
@@ -161,6 +166,7 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
         description=WS_DESCRIPTION,
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        swagger_ui_parameters={"validatorUrl": None},  # no request to the online validator
     )
     app.state.settings = settings
     app.state.redis_url = settings.redis_url or redis_url
