@@ -35,6 +35,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -45,6 +46,7 @@ from typing import Any, Literal, NoReturn, get_args, get_origin
 
 import uvicorn
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from service.config import Settings
 from service.security import KeyRing, bind_refusal, is_loopback
@@ -158,6 +160,10 @@ def settings_from(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
     given = vars(args)
     try:
         return Settings(**given)
+    except SettingsError as exc:  # a variable that is not JSON where JSON is expected
+        named = re.search(r'field "(\w+)"', str(exc))
+        where = _variable(named.group(1)) if named else "an OPML_* variable"
+        parser.exit(EXIT_USAGE, f"{parser.prog}: error: {where}: expected JSON ({exc})\n")
     except ValidationError as exc:
         lines = []
         for error in exc.errors(include_url=False, include_input=False):

@@ -24,23 +24,23 @@ from tests.clients.conftest import OPML, served
 from tests.service.support import ROOT, free_port
 
 
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("docs")
+def own_service(tmp: Path) -> Iterator[str]:
+    """An ``opml serve`` on a free port with its data in ``tmp``; its address."""
     port = free_port()
     address = f"http://127.0.0.1:{port}"
     with served(address, tmp / "serve.log", "--port", str(port), "--data-dir", str(tmp / "d")):
         yield address
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from own_service(tmp_path_factory.mktemp("docs"))
 
 
 @pytest.fixture(scope="module")
 def tour_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A service of the Tour's own: it starts from no model, as a reader's does."""
-    tmp = tmp_path_factory.mktemp("tour")
-    port = free_port()
-    address = f"http://127.0.0.1:{port}"
-    with served(address, tmp / "serve.log", "--port", str(port), "--data-dir", str(tmp / "d")):
-        yield address
+    yield from own_service(tmp_path_factory.mktemp("tour"))
 
 
 def fenced(markdown: str, heading: str, language: str, nth: int = 0) -> str:

@@ -5,6 +5,7 @@ redis-server, stopped by the ``launch`` fixture whatever happens."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,14 +53,21 @@ class Launched:
         return httpx.Client(base_url=self.url(port), timeout=30)
 
     def stop(self, signum: int = signal.SIGTERM) -> int:
+        """Send ``signum``; the exit status. Killed if still running after 60 s (and the
+        wait's TimeoutExpired fails the test)."""
         self.proc.send_signal(signum)
-        return self.proc.wait(60)
+        try:
+            return self.proc.wait(60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(10)
 
 
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Callable[..., Launched]]:
     """Start ``python -m service *args`` (cwd ``tmp_path``, no inherited ``OPML_*``); every
-    process started is stopped at the end (SIGTERM, then SIGKILL)."""
+    process still running at the end is stopped (SIGTERM, then SIGKILL)."""
     started: list[Launched] = []
 
     def run(*args: str, env: dict[str, str] | None = None) -> Launched:
@@ -78,12 +86,8 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Launched]]:
     yield run
     for launched in started:
         if launched.proc.poll() is None:
-            launched.proc.terminate()
-            try:
-                launched.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                launched.proc.kill()
-                launched.proc.wait(10)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                launched.stop()
 
 
 def run_once(
@@ -149,6 +153,7 @@ def test_flags_win_over_the_environment_which_wins_over_the_defaults(
         ([], {"OPML_REDIS_WAIT_REPLICAS": "1"}, "OPML_REDIS_WAIT_REPLICAS"),
         (["--redis-wait-replicas", "1"], {}, "--redis-wait-replicas"),
         (["--api-keys", "key"], {}, "--api-keys"),
+        ([], {"OPML_API_KEYS": "key"}, "OPML_API_KEYS"),
         (["--log-level", "loud"], {}, "--log-level"),
         ([], {"OPML_LOG_LEVEL": "loud"}, "OPML_LOG_LEVEL"),
     ],
