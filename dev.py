@@ -1,13 +1,16 @@
 #!/usr/bin/env python3
 """Bootstrap and run opml-service with nothing but Python 3.11+.
 
-    python3 dev.py serve     # create .venv if needed, install, run the service (embedded Redis)
-    python3 dev.py test      # same venv plus test extras; ruff, mypy, then pytest
-    python3 dev.py bench     # install the benchmark extras; then run scripts in benchmarks/
+    python3 dev.py serve [options]   # create .venv if needed, install, run the service
+    python3 dev.py test [pytest args]  # same venv plus test extras; ruff, mypy, then pytest
+    python3 dev.py bench             # install the benchmark extras; then run scripts in benchmarks/
 
-The virtual environment lives in ``.venv``; it is re-installed whenever
-``pyproject.toml`` changes (a hash of it is kept in ``.venv/.opml-stamp``).
-Extra arguments after the command are passed on (to the service or to pytest).
+The virtual environment lives in ``.venv``. Each extra (the base install, ``test``, ``bench``)
+is installed once per content of ``pyproject.toml``: ``.venv/.opml-stamp`` records, for each
+one installed, the hash of the ``pyproject.toml`` it was installed from, so switching between
+the commands installs nothing once every extra they need is there (an edit of
+``pyproject.toml`` installs again, once). Arguments after the command are passed on: to the
+service (``python3 dev.py serve --help`` lists its options) or to pytest.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 import venv
 from pathlib import Path
 
@@ -23,24 +27,50 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
-EXTRAS = {"serve": "", "test": "[test]", "bench": "[test,bench]"}
+STAMP = VENV / ".opml-stamp"
+#: The extras each command needs ("base": the project itself).
+EXTRAS = {"serve": ("base",), "test": ("base", "test"), "bench": ("base", "test", "bench")}
 
 
-def ensure_venv(extras: str) -> None:
+def say(message: str) -> None:
+    print(f"dev.py: {message}", file=sys.stderr, flush=True)
+
+
+def installed(stamp: str, digest: str) -> set[str]:
+    """The extras a stamp records as installed from the ``pyproject.toml`` hashed ``digest``.
+
+    >>> sorted(installed("base abc\\ntest abc\\nbench old\\n", "abc"))
+    ['base', 'test']
+    """
+    done = dict(line.split(" ", 1) for line in stamp.splitlines() if " " in line)
+    return {extra for extra, recorded in done.items() if recorded == digest}
+
+
+def ensure_venv(wanted: tuple[str, ...]) -> None:
+    """Install the project with the ``wanted`` extras unless the stamp says they are there."""
     if sys.version_info < (3, 11):  # noqa: UP036 -- this script may run on an older python3
         sys.exit("opml-service needs Python 3.11 or newer")
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + extras.encode()).hexdigest()
-    stamp = VENV / ".opml-stamp"
-    wanted = set(extras.strip("[]").split(",")) - {""}
-    if stamp.exists():
-        done = dict(line.split(" ", 1) for line in stamp.read_text().splitlines() if " " in line)
-        if all(done.get(e) == digest for e in wanted | {"base"}):
-            return
+    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
+    stamp = STAMP.read_text() if STAMP.exists() else ""
+    have = installed(stamp, digest) if PY.exists() else set()
+    if set(wanted) <= have:
+        return
+    started = time.monotonic()
     if not PY.exists():
+        say(f"creating the virtual environment {VENV}")
         venv.EnvBuilder(with_pip=True).create(VENV)
+    extras = ",".join(e for e in wanted if e != "base")
+    target = f"{ROOT}[{extras}]" if extras else str(ROOT)
+    say(
+        f"installing opml-service{f' [{extras}]' if extras else ''} and its dependencies into "
+        ".venv (a minute or two the first time; once per change of pyproject.toml) ..."
+    )
     pip = [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "-e", f"{ROOT}{extras}"], check=True)
-    stamp.write_text("".join(f"{e} {digest}\n" for e in sorted(wanted | {"base"})))
+    subprocess.run([*pip, "-e", target], check=True)
+    records = dict(line.split(" ", 1) for line in stamp.splitlines() if " " in line)
+    records.update({extra: digest for extra in wanted})
+    STAMP.write_text("".join(f"{e} {d}\n" for e, d in sorted(records.items())))
+    say(f"installed in {time.monotonic() - started:.0f} s")
 
 
 def run(cmd: list[str]) -> int:

@@ -1,6 +1,6 @@
 """``opml``: the service from a shell.
 
-    opml serve [--port 8000] [--data-dir data]             # run the service (embedded Redis)
+    opml serve [--port 8000] [--data-dir data] ...         # run the service (embedded Redis)
     opml models create faces --dim 128 [--algorithm opml] [--gamma 0.001] ...
     opml models list | show faces | delete faces
     opml ingest data.csv --model faces [--label-column kind | --labels y.txt] [--resume-file r]
@@ -16,8 +16,8 @@ process lists). Output is for people; ``--json`` prints JSON instead (one object
 minus sign. A refused connection fails at once (nothing listens at the address); 503 answers
 and dropped connections are retried ``--retries`` times.
 
-``opml serve`` runs the service in this process: its options become the ``OPML_*`` settings
-(every other setting is read from the environment as usual).
+``opml serve`` runs the service in this process with the service's own command line
+(``python -m service``): every setting is an option, ``opml serve --help`` lists them.
 
 ``opml ingest`` streams frames of ``--batch`` rows over the WebSocket. Frame ids are derived
 from the content of the input and the rows each frame holds, so running the same command again
@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 from clients.errors import (
     APIError,
@@ -106,26 +106,11 @@ def _model_detail(m: Model) -> str:
 # -- commands ------------------------------------------------------------------------------------
 
 
-#: ``opml serve`` options and the settings they stand for.
-SERVE_SETTINGS = {
-    "host": "OPML_HOST",
-    "port": "OPML_PORT",
-    "data_dir": "OPML_DATA_DIR",
-    "redis_url": "OPML_REDIS_URL",
-    "log_level": "OPML_LOG_LEVEL",
-}
+def cmd_serve(options: list[str]) -> NoReturn:
+    """Run the service in this process with its own command line (``python -m service``)."""
+    from service.__main__ import main as serve  # the service: only for this command
 
-
-def cmd_serve(args: argparse.Namespace) -> int:
-    """Run the service in this process, the options given becoming its settings."""
-    for option, variable in SERVE_SETTINGS.items():
-        value = getattr(args, option)
-        if value is not None:
-            os.environ[variable] = str(value)
-    from service.__main__ import main as serve  # the whole service: only for this command
-
-    serve()
-    return EXIT_OK
+    serve(options, prog="opml serve")
 
 
 def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
@@ -366,30 +351,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[_common(suppress=False)],
     )
-    parser.set_defaults(client=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    # serve talks to no service: none of the client options (--url, --json, ...) apply.
-    serve = sub.add_parser(
+    # serve talks to no service: none of the client options (--url, --json, ...) apply. Its
+    # options (and its --help) are the service's own command line, parsed there (main()).
+    sub.add_parser(
         "serve",
-        help="run the service in this process",
-        description="Run the service in this process; each option sets the OPML_* setting "
-        "named in its help, the others come from the environment as usual.",
+        add_help=False,
+        help="run the service in this process (opml serve --help: its options)",
     )
-    serve.add_argument("--host", help="interface to bind (OPML_HOST; default 127.0.0.1)")
-    serve.add_argument("--port", type=int, help="HTTP/WebSocket port (OPML_PORT; default 8000)")
-    serve.add_argument(
-        "--data-dir", type=Path, help="embedded Redis data directory (OPML_DATA_DIR; default data)"
-    )
-    serve.add_argument(
-        "--redis-url", help="use this Redis instead of the embedded one (OPML_REDIS_URL)"
-    )
-    serve.add_argument(
-        "--log-level",
-        choices=["critical", "error", "warning", "info", "debug", "trace"],
-        help="log level (OPML_LOG_LEVEL; default info)",
-    )
-    serve.set_defaults(run=cmd_serve, client=False)
 
     models = sub.add_parser("models", help="create, list, show, delete models")
     actions = models.add_subparsers(dest="action", required=True)
@@ -497,11 +467,13 @@ def exit_code(error: BaseException) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "serve":
+        cmd_serve(rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     try:
-        if not args.client:
-            code: int = args.run(args)
-            return code
         from clients.sync import OPMLClient  # httpx, websockets, numpy: once a command runs
 
         # Nobody waits at a shell for a service that is not there: a refused connect fails at
@@ -509,7 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         retry = RetryPolicy(attempts=max(args.retries, 0), retry_refused=False)
         key = os.environ.get("OPML_API_KEY") or None
         with OPMLClient(args.url, timeout=args.timeout, retry=retry, api_key=key) as client:
-            code = args.run(args, client)
+            code: int = args.run(args, client)
             return code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -41,7 +41,9 @@ class Settings(BaseSettings):
         "Redis replicas have it (else 503; retry with the same idempotency key); 0: an ack means "
         "'in the master'. Every process of a keyspace must use the same value.",
     )
-    log_level: str = Field(default="info", description="uvicorn / service log level.")
+    log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
+        default="info", description="uvicorn / service log level."
+    )
 
     # -- security (service/security.py) --
     api_keys: list[str] = Field(

@@ -1,22 +1,36 @@
-"""The application factory: settings, Redis (embedded or external), the engine, routes, errors.
+"""The application factory: settings, Redis, the engine, routes, errors, the docs pages.
 
 >>> app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
 >>> app.title
 'opml-service'
+
+* **Redis**: ``OPML_REDIS_URL``, or the URL given to :func:`create_app` (the command line,
+  :mod:`service.__main__`, starts the embedded redis-server before the app and stops it after).
+* **Learning kernels**: the numba kernels compile (or load from numba's on-disk cache) in a
+  thread of their own from the app's start; the server answers meanwhile (``/livez``), and
+  ``/readyz`` answers 503 saying so until they are ready. Nothing else waits for them but the
+  learners' first batches.
+* **Docs pages**: ``/docs`` (Swagger UI) and ``/redoc`` load their scripts and styles from the
+  service itself (``/static-offline-docs/``, the files of the ``fastapi-offline`` package), not
+  from a CDN, and no web fonts: they work on a closed network. Swagger UI's online validator
+  badge is off for the same reason.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import logging
 import socket
+import threading
+import time
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from fastapi_offline import FastAPIOffline
 
 from service.api import auth, deps, observe, problems
 from service.api.forward import Forwarder, OwnerRouting
@@ -27,7 +41,6 @@ from service.config import Settings, get_settings
 from service.core import warm_up
 from service.engine.registry import Registry
 from service.security import KeyRing
-from service.storage.embedded import EmbeddedRedis
 from service.storage.store import Store, redacted_url
 
 log = logging.getLogger("service")
@@ -54,18 +67,43 @@ def _operation_id(route: APIRoute) -> str:
     return route.name
 
 
+def compile_kernels() -> Future[None]:
+    """Compile the learning kernels (or load them from numba's cache) in a daemon thread; the
+    future is done when they are ready (a daemon: a stop during the first compilation does not
+    wait for it; numba writes its cache files atomically)."""
+    done: Future[None] = Future()
+
+    def run() -> None:
+        started = time.perf_counter()
+        try:
+            warm_up()
+        except Exception as exc:  # reported by /readyz; the learners fail on their own
+            log.exception("the learning kernels failed to compile")
+            done.set_exception(exc)
+            return
+        done.set_result(None)
+        log.info("learning kernels ready after %.1f s", time.perf_counter() - started)
+
+    log.info(
+        "compiling the learning kernels in the background (first start only: later starts load "
+        "them from numba's cache in about a second); /readyz answers 503 until they are ready"
+    )
+    threading.Thread(target=run, name="compile-kernels", daemon=True).start()
+    return done
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    """Start Redis (embedded unless ``OPML_REDIS_URL``) and the models; stop them in reverse."""
+    """Start the kernels' compilation, the Redis client and the models; stop them in reverse."""
     settings: Settings = app.state.settings
-    # Compile the learning kernel (or load it from numba's cache) before anything is served.
-    await asyncio.to_thread(warm_up)
-    embedded: EmbeddedRedis | None = None
-    url = settings.redis_url
+    url: str | None = app.state.redis_url
     if url is None:
-        embedded = EmbeddedRedis(settings.data_dir, settings.redis_appendfsync)
-        url = await asyncio.to_thread(embedded.start)  # supervised: restarted if it dies
-    else:
+        raise RuntimeError(
+            "no Redis: set OPML_REDIS_URL, or start the service with its command line "
+            "(python -m service), which runs the embedded redis-server"
+        )
+    app.state.kernels = compile_kernels()
+    if settings.redis_url is not None:
         log.info("using Redis at %s", redacted_url(url))
     store = Store.connect(url, settings.redis_timeout_s, wait_replicas=settings.redis_wait_replicas)
     models = Registry(store, settings, advertised_url(settings))
@@ -82,8 +120,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         observe.watch(tuple)
         await app.state.forwarder.aclose()
         await store.aclose()
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
         log.info("stopped")
 
 
@@ -118,10 +154,11 @@ _NO_OTEL: dict[str, Any] = (
 )
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
-    """A configured application (nothing starts until its lifespan runs)."""
+def create_app(settings: Settings | None = None, redis_url: str | None = None) -> FastAPI:
+    """A configured application on ``settings.redis_url``, else on ``redis_url`` (nothing
+    starts until its lifespan runs)."""
     settings = settings or get_settings()
-    app = FastAPI(
+    app = FastAPIOffline(
         **_NO_OTEL,
         title="opml-service",
         version="1.0.0",
@@ -129,8 +166,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description=WS_DESCRIPTION,
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        swagger_ui_parameters={"validatorUrl": None},  # no request to the online validator
     )
     app.state.settings = settings
+    app.state.redis_url = settings.redis_url or redis_url
     problems.install(app)
     app.include_router(api_router)
     deps.document_bodies(app)

@@ -43,13 +43,27 @@ def invalid_request(items: list[dict[str, Any]]) -> InvalidInput:
     """The 422 of a list of ``{loc, msg, type}`` items; its detail names the first one."""
     first = items[0] if items else {"loc": [], "msg": "invalid request"}
     where = ".".join(str(p) for p in first["loc"])
-    return InvalidInput(f"{where}: {first['msg']}", items)
+    return InvalidInput(f"{where}: {first['msg']}" if where else str(first["msg"]), items)
 
 
 def error_items(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[dict[str, Any]]:
-    """pydantic's errors as ``{loc, msg, type}`` items (no input echo), under ``prefix``."""
+    """pydantic's errors as ``{loc, msg, type}`` items (no input echo, no "Value error, "
+    prefix), under ``prefix``.
+
+    >>> from service.api.schemas import Sample
+    >>> try:
+    ...     Sample.model_validate_json('{"x": [1], "y": 1.5}')
+    ... except ValidationError as exc:
+    ...     error_items(exc, ("body",))
+    [{'loc': ['body', 'y'], 'msg': 'a label is a string of 1-128 characters or an integer', \
+'type': 'label'}]
+    """
     return [
-        {"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]}
+        {
+            "loc": [*prefix, *e["loc"]],
+            "msg": e["msg"].removeprefix("Value error, "),
+            "type": e["type"],
+        }
         for e in exc.errors(include_url=False, include_context=False, include_input=False)
     ]
 

@@ -14,12 +14,13 @@ own members (``errors``, ``retry_after`` ...).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.encoders import jsonable_encoder
-from fastapi.exceptions import RequestValidationError
+from fastapi.exceptions import RequestValidationError, WebSocketRequestValidationError
 from fastapi.responses import JSONResponse
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -120,6 +121,26 @@ def validation_errors(errors: Any) -> list[dict[str, Any]]:
     ]
 
 
+_HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method the API serves at the request's path (RFC 9110 ``Allow``), from the
+    OpenAPI description of the routes.
+
+    Starlette's own 405 names only the first route that matches the path, but one path may
+    have several (``GET`` and ``POST /v1/models``). Empty for a path outside the description
+    (``/docs``): Starlette's header is right there."""
+    path = request.url.path
+    return sorted(
+        method.upper()
+        for template, operations in request.app.openapi()["paths"].items()
+        if re.fullmatch(re.sub(r"\{\w+\}", "[^/]+", template), path)
+        for method in operations
+        if method in _HTTP_METHODS
+    )
+
+
 def install(app: FastAPI) -> None:
     """Register the one mapping from exceptions to problem+json answers."""
 
@@ -131,8 +152,20 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return problem_response(invalid_request(validation_errors(exc.errors())))
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_ws_validation(websocket: WebSocket, exc: Exception) -> None:
+        # A bad query parameter of a WebSocket route: the handshake's HTTP answer is the 422
+        # problem (ASGI WebSocket denial response), like a refused key's 401/403, rather than
+        # FastAPI's close before accepting, which a client sees as an empty 403.
+        assert isinstance(exc, WebSocketRequestValidationError)
+        error = invalid_request(validation_errors(exc.errors()))
+        await websocket.send_denial_response(problem_response(error))
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
+        allowed = ", ".join(allowed_methods(request)) if exc.status_code == 405 else ""
+        if allowed:
+            detail = f"{request.method} is not allowed here; allowed: {allowed}"
+            return problem_response(HttpError(405, detail, {"Allow": allowed}))
         return problem_response(HttpError(exc.status_code, str(exc.detail), exc.headers))
 
     async def on_redis(_: Request, exc: Exception) -> JSONResponse:
@@ -146,6 +179,7 @@ def install(app: FastAPI) -> None:
 
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(WebSocketRequestValidationError, on_ws_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RedisError, on_redis)
     app.add_exception_handler(Exception, on_unexpected)

@@ -6,25 +6,50 @@ are checked in one place, :mod:`service.api.parsing`.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
     StrictFloat,
     StrictInt,
     StrictStr,
     model_validator,
 )
+from pydantic_core import CoreSchema
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_LABEL_CHARS = 128
+LABEL_MESSAGE = f"a label is a string of 1-{MAX_LABEL_CHARS} characters or an integer"
+
+
+class _OneError:
+    """Marks a union whose failure is ONE error at the field, with its own message, instead of
+    one per member at ``<field>.int``, ``<field>.constrained-str`` (pydantic's default). The
+    union stays pydantic-core's: no Python call per value."""
+
+    def __init__(self, error_type: str, message: str) -> None:
+        self.error_type, self.message = error_type, message
+
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        schema = handler(source)
+        if schema["type"] != "union":
+            raise TypeError(f"_OneError marks a union, not {schema['type']}")
+        custom = {"custom_error_type": self.error_type, "custom_error_message": self.message}
+        return cast(CoreSchema, {**schema, **custom})
+
 
 ModelName = Annotated[str, Field(pattern=NAME_PATTERN, examples=["faces"])]
 #: A label: a string of 1-128 characters or an integer (an integer means its decimal string).
+#: Anything else (a float, a boolean, a list, ``""``, ``null``) is one error at its place:
+#: :data:`LABEL_MESSAGE`.
 Label = Annotated[
     StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=MAX_LABEL_CHARS)],
+    _OneError("label", LABEL_MESSAGE),
     Field(examples=["alice", 3]),
 ]
 #: Numbers only: strict, so ``"2"`` and ``true`` are refused rather than coerced (ints are fine).
@@ -129,10 +154,14 @@ class Sample(_Body):
 
 
 class IngestBody(_Body):
-    """Either one sample ``{x, y}`` or a batch ``{samples: [...]}`` (applied in list order)."""
+    """Either one sample ``{x, y}`` or a batch ``{samples: [...]}`` (applied in list order).
 
-    x: Vector | None = None
-    y: Label | None = None
+    ``x`` and ``y`` may be absent (the batch form), not ``null``: a ``null`` is validated like
+    any other value and refused at its field (their type has no ``None``; the default is not
+    validated)."""
+
+    x: Vector = None  # type: ignore[assignment]
+    y: Label = None  # type: ignore[assignment]
     samples: list[Sample] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ import os
 import pty
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -230,17 +231,23 @@ def _options(parser: argparse.ArgumentParser, path: str = "opml") -> Iterator[tu
             yield path, action
 
 
-def test_every_option_has_help_and_serve_has_only_its_own() -> None:
+def test_every_option_has_help_and_serve_is_the_services_command_line() -> None:
+    """``opml serve`` has no option list of its own: its options and its ``--help`` are
+    ``python -m service``'s (none of the client options apply)."""
     options = list(_options(build_parser()))
-    assert len(options) > 40
+    assert len(options) > 35
     missing = [(path, action.dest) for path, action in options if not action.help]
     assert missing == []
-    serve = {a.dest for path, a in options if path == "opml serve"}
-    assert serve == {"host", "port", "data_dir", "redis_url", "log_level"}
+    assert [a.dest for path, a in options if path == "opml serve"] == []
     shown = subprocess.run([OPML, "serve", "--help"], capture_output=True, text=True, timeout=60)
-    assert shown.returncode == 0 and "--port" in shown.stdout
+    direct = subprocess.run(
+        [sys.executable, "-m", "service", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert shown.returncode == direct.returncode == 0
+    assert shown.stdout.startswith("usage: opml serve [options]")
+    assert shown.stdout == direct.stdout.replace("python -m service", "opml serve", 1)
     for client_only in ("--url", "--json", "--timeout", "--retries"):
-        assert client_only not in shown.stdout
+        assert client_only + " " not in shown.stdout
 
 
 def test_serve_runs_the_service_on_its_embedded_redis(tmp_path: Path) -> None:

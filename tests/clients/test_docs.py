@@ -1,15 +1,21 @@
-"""The SDK and CLI examples of README.md and examples/README.md run as written, against an
-``opml serve`` of their own (default limits, embedded Redis), and print what the docs say."""
+"""The examples of README.md (the Tour, its WebSocket example, the SDK and the CLI) and of
+examples/README.md run as written, against an ``opml serve`` of their own (default limits,
+embedded Redis), and print what the docs say they print."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
+import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,21 +24,120 @@ from tests.clients.conftest import OPML, served
 from tests.service.support import ROOT, free_port
 
 
-@pytest.fixture(scope="module")
-def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    tmp = tmp_path_factory.mktemp("docs")
+def own_service(tmp: Path) -> Iterator[str]:
+    """An ``opml serve`` on a free port with its data in ``tmp``; its address."""
     port = free_port()
     address = f"http://127.0.0.1:{port}"
     with served(address, tmp / "serve.log", "--port", str(port), "--data-dir", str(tmp / "d")):
         yield address
 
 
-def fenced(markdown: str, heading: str, language: str) -> str:
-    """The first ``language`` code block after ``heading``."""
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from own_service(tmp_path_factory.mktemp("docs"))
+
+
+@pytest.fixture(scope="module")
+def tour_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A service of the Tour's own: it starts from no model, as a reader's does."""
+    yield from own_service(tmp_path_factory.mktemp("tour"))
+
+
+def fenced(markdown: str, heading: str, language: str, nth: int = 0) -> str:
+    """The ``nth`` ``language`` code block after ``heading``."""
     section = markdown[markdown.index(f"\n{heading}\n") :]
-    match = re.search(rf"```{language}\n(.*?)```", section, re.DOTALL)
-    assert match is not None, heading
-    return match.group(1)
+    blocks = re.findall(rf"```{language}\n(.*?)```", section, re.DOTALL)
+    assert len(blocks) > nth, heading
+    return str(blocks[nth])
+
+
+def shown(text: str) -> Any:
+    """An output the docs show: JSON where ``...`` stands for members or items left out and
+    numbers may be rounded (kept as ``Decimal``, so :func:`matches` knows to how many places)."""
+    return json.loads(re.sub(r",\s*\.\.\.", "", text), parse_float=Decimal)
+
+
+def matches(doc: Any, actual: Any) -> bool:
+    """``actual`` is what ``doc`` shows: the members shown, equal; numbers to the places shown."""
+    if isinstance(doc, dict):
+        return isinstance(actual, dict) and all(
+            key in actual and matches(value, actual[key]) for key, value in doc.items()
+        )
+    if isinstance(doc, list):
+        same_length = isinstance(actual, list) and len(doc) == len(actual)
+        return same_length and all(map(matches, doc, actual))
+    if isinstance(doc, Decimal):
+        places = doc.as_tuple().exponent
+        assert isinstance(places, int)
+        tolerance = Decimal(5).scaleb(places - 1)
+        return type(actual) in (int, float) and abs(Decimal(repr(actual)) - doc) <= tolerance
+    return type(doc) is type(actual) and bool(doc == actual)
+
+
+def commands_and_outputs(block: str) -> list[tuple[str, str]]:
+    """A shell block as (commands, the output its following ``# `` comment lines show); a
+    command with no comment after it prints nothing."""
+    steps: list[tuple[str, str]] = []
+    command: list[str] = []
+    output: list[str] = []
+    for line in [*block.splitlines(), ""]:
+        if line.startswith("#"):
+            output.append(line[1:].strip())
+            continue
+        if output or (command and not line):
+            steps.append(("\n".join(command), "".join(output)))
+            command, output = [], []
+        if line:
+            command.append(line)
+    return steps
+
+
+def printed(source: str) -> list[Any]:
+    """What a Python example prints, line by line (dict lines as dicts)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(source, {})
+    lines = out.getvalue().splitlines()
+    return [ast.literal_eval(line) if line.startswith("{") else line for line in lines]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the Tour uses curl; not installed")
+def test_readme_tour_and_its_websocket_example_print_what_they_show(
+    tour_url: str, tmp_path: Path
+) -> None:
+    """Each command of the Tour, as written (``localhost:8000`` made this test's service),
+    prints what the comment under it shows (``-o L.npy`` prints nothing and writes L). Then
+    the WebSocket example prints the ack and ``5 5 2`` it shows; run again, the replayed ack
+    (nothing logged); an edited sample under the same id is a 409 error frame; a new id is a
+    new sample: what the text under the example says."""
+    readme = (ROOT / "README.md").read_text()
+    steps = commands_and_outputs(fenced(readme, "### Tour", "sh"))
+    assert len(steps) == 6 and all("localhost:8000" in command for command, _ in steps)
+    address = tour_url.removeprefix("http://")
+    for command, output in steps:
+        done = subprocess.run(
+            ["bash", "-c", command.replace("localhost:8000", address)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        assert matches(shown(output), json.loads(done.stdout)), (command, done.stdout)
+    assert np.load(tmp_path / "L.npy").shape == (3, 3)
+
+    code = fenced(readme, "### Tour", "python")
+    assert code.count("ws://localhost:8000") == 2
+    code = code.replace("ws://localhost:8000", tour_url.replace("http://", "ws://"))
+    comments = re.findall(r"# (\{.*\}|\d+ \d+ \d+)$", code, re.MULTILINE)
+    documented = [ast.literal_eval(c) if c.startswith("{") else c for c in comments]
+    assert documented == [{"ack": 1, "first_seq": 5, "last_seq": 5}, "5 5 2"]
+    assert printed(code) == documented
+    assert printed(code) == [{**documented[0], "replayed": True}, "5 5 2"]
+    edited = printed(code.replace('"y": "ann"', '"y": "bob"'))
+    assert edited[0]["error"]["status"] == 409 and edited[0]["id"] == 1
+    fresh = printed(code.replace('"id": 1', '"id": 2').replace("< 5", "< 6"))
+    assert fresh == [{"ack": 2, "first_seq": 6, "last_seq": 6}, "6 6 2"]
 
 
 def test_readme_sdk_example(url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

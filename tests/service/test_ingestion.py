@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 import redis
+from websockets.sync.client import connect
 
+from service.api.schemas import LABEL_MESSAGE
+from tests.service.conftest import ServiceProcess
 from tests.service.support import assert_problem, core_learner, make_model
+from tests.service.test_fast_ingest import binary
 
 
 def post(api: httpx.Client, name: str, body: Any, **kw: Any) -> httpx.Response:
@@ -85,6 +90,41 @@ def test_invalid_samples_are_422_and_change_nothing(
     problem = assert_problem(post(api, name, body), 422)
     locs = [".".join(str(p) for p in e["loc"]) for e in problem["errors"]]
     assert any(loc.startswith(where) for loc in locs), locs
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 0
+
+
+BAD_LABELS = [1.5, True, ["a"], "", None, "z" * 129, {"a": 1}]
+
+
+@pytest.mark.parametrize("label", BAD_LABELS, ids=repr)
+def test_a_bad_label_is_one_error_at_its_place_everywhere(
+    service: ServiceProcess, api: httpx.Client, name: str, label: Any
+) -> None:
+    """Not an error per member of the label's type union (``y.int``, ``y.constrained-str``),
+    nor a complaint about the body's form for ``null``: one error at the label, in a single
+    sample, in a batch, in a JSON /stream frame and in a binary frame's header."""
+    make_model(api, name, 2)
+    expected = {"msg": LABEL_MESSAGE, "type": "label"}
+    single = assert_problem(post(api, name, {"x": [1, 2], "y": label}), 422)
+    assert single["errors"] == [{"loc": ["body", "y"], **expected}]
+    assert single["detail"] == f"body.y: {LABEL_MESSAGE}"
+    batch = {"samples": [{"x": [1, 2], "y": "ok"}, {"x": [1, 2], "y": label}]}
+    problem = assert_problem(post(api, name, batch), 422)
+    assert problem["errors"] == [{"loc": ["body", "samples", 1, "y"], **expected}]
+    frames = [
+        json.dumps({"id": "single", "x": [1, 2], "y": label}),
+        json.dumps({"id": "batch", **batch}),
+        binary("binary", [[1, 2], [3, 4]], ["ok", label]),
+    ]
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        for frame in frames:
+            ws.send(frame)
+        answers = [json.loads(ws.recv(timeout=10)) for _ in frames]
+    assert [a["error"]["errors"] for a in answers] == [
+        [{"loc": ["y"], **expected}],
+        [{"loc": ["samples", 1, "y"], **expected}],
+        [{"loc": ["y", 1], **expected}],
+    ]
     assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 0
 
 

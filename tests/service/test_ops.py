@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.service.support import assert_problem, make_model
 
@@ -38,6 +39,27 @@ def test_openapi_has_stable_operation_ids(api: httpx.Client) -> None:
 def test_unknown_route_and_wrong_method_are_problems(api: httpx.Client) -> None:
     assert_problem(api.get("/v2/nothing"), 404)
     assert_problem(api.put("/v1/models"), 405)
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"),
+    [
+        ("PUT", "/v1/models", {"GET", "POST"}),
+        ("POST", "/v1/models/m", {"GET", "DELETE"}),
+        ("DELETE", "/v1/models/m/metric", {"GET", "PUT"}),
+        ("GET", "/v1/models/m/samples", {"POST"}),
+        ("GET", "/v1/models/m/distance", {"POST"}),
+        ("GET", "/v1/models/m/verify", {"POST"}),
+        ("POST", "/livez", {"GET"}),
+    ],
+)
+def test_a_405_says_which_methods_are_allowed(
+    query_api: httpx.Client, method: str, path: str, allowed: set[str]
+) -> None:
+    """RFC 9110 15.5.6: a 405 carries ``Allow`` (the lean path's routes too)."""
+    response = query_api.request(method, path)
+    assert_problem(response, 405)
+    assert {m.strip() for m in response.headers["allow"].split(",")} == allowed
 
 
 def test_body_over_the_limit_is_413_before_it_is_read(api: httpx.Client, name: str) -> None:

@@ -152,7 +152,10 @@ def test_a_binary_gallery_needs_the_query_scope(secured: ServiceProcess) -> None
 
 def test_probes_metrics_and_docs_are_open(secured: ServiceProcess) -> None:
     with secured.client() as client:
-        for path in ("/livez", "/readyz", "/metrics", "/openapi.json", "/docs"):
+        open_paths = ["/livez", "/readyz", "/metrics", "/openapi.json", "/docs", "/redoc"]
+        assets = ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js")
+        open_paths += [f"/static-offline-docs/{asset}" for asset in assets]
+        for path in open_paths:
             assert client.get(path).status_code == 200, path
         schema = client.get("/openapi.json").json()
     assert schema["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"

@@ -7,7 +7,7 @@ import json
 import httpx
 import numpy as np
 import pytest
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from tests.service.conftest import ServiceProcess
@@ -48,7 +48,11 @@ def test_bad_frames_get_error_frames_and_the_connection_survives(
         frames = [json.loads(ws.recv(timeout=10)) for _ in range(5)]
     for frame in frames[:4]:
         assert frame["error"]["status"] == 422 and frame["error"]["detail"]
+        assert frame["error"]["errors"], frame  # every refusal says where
     assert [f.get("id") for f in frames[:4]] == [None, None, "wrong-dim", "nan"]
+    assert frames[1]["error"]["errors"] == [
+        {"loc": ["id"], "msg": "a frame needs an id", "type": "value_error"}
+    ]
     assert frames[4] == {"ack": "ok", "first_seq": 1, "last_seq": 1}
 
 
@@ -137,3 +141,29 @@ def test_stream_to_a_model_deleted_while_connected_answers_404_per_frame(
             answers.append(json.loads(ws.recv(timeout=10)))
     assert [(a["id"], a["error"]["status"]) for a in answers] == [(2, 404), (3, 404)]
     assert_problem(api.get(f"/v1/models/{name}"), 404)
+
+
+@pytest.mark.parametrize(
+    ("interval", "msg"),
+    [
+        ("1", "Input should be greater than or equal to 10"),
+        ("5000000", "Input should be less than or equal to 3600000"),
+        ("abc", "Input should be a valid integer, unable to parse string as an integer"),
+    ],
+)
+def test_a_bad_query_parameter_is_the_handshakes_422_problem(
+    service: ServiceProcess, api: httpx.Client, name: str, interval: str, msg: str
+) -> None:
+    """The handshake's HTTP answer is the problem naming the parameter (no socket is opened),
+    not an empty 403."""
+    make_model(api, name, 2)
+    with pytest.raises(InvalidStatus) as refused:
+        connect(f"{service.ws_url}/v1/models/{name}/events?interval_ms={interval}")
+    answer = refused.value.response
+    assert answer.status_code == 422
+    assert answer.headers["content-type"] == "application/problem+json"
+    problem = json.loads(answer.body or b"")
+    assert problem["errors"] == [
+        {"loc": ["query", "interval_ms"], "msg": msg, "type": problem["errors"][0]["type"]}
+    ]
+    assert problem["detail"] == f"query.interval_ms: {msg}"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from concurrent.futures import Future
+
+from fastapi import APIRouter, Request, Response
 from redis.exceptions import RedisError
 
 from service import telemetry
@@ -21,14 +23,27 @@ async def livez() -> Response:
     return Response(_ALIVE, media_type="application/json")
 
 
-@router.get("/readyz", responses={503: {"description": "Redis unreachable or still loading."}})
-async def readyz(models: ModelsDep) -> dict[str, object]:
-    """Redis answers and every model is loaded (checkpoint + log tail applied)."""
+#: ``/readyz``'s detail while the learning kernels compile (the first start of an installation).
+COMPILING = "compiling the learning kernels (first start only)"
+
+
+@router.get(
+    "/readyz",
+    responses={503: {"description": "Redis unreachable, kernels compiling, or models loading."}},
+)
+async def readyz(request: Request, models: ModelsDep) -> dict[str, object]:
+    """Redis answers, the learning kernels are compiled and every model is loaded (checkpoint
+    + log tail applied)."""
     try:
         await models.store.ping()
     except RedisError as exc:
         telemetry.REDIS_ERROR["readyz"].inc()
         raise Unavailable(f"Redis is unreachable ({type(exc).__name__})") from None
+    kernels: Future[None] = request.app.state.kernels
+    if not kernels.done():
+        raise Unavailable(COMPILING, retry_after=5)
+    if kernels.exception() is not None:
+        raise Unavailable("the learning kernels failed to compile; see the service log")
     if not models.loaded.is_set():
         raise Unavailable("models are still being loaded")
     return {"status": "ok", "models": len(models.runtimes)}

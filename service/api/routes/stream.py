@@ -31,7 +31,7 @@ from service import telemetry
 from service.api.auth import accept_subprotocol
 from service.api.deps import WsModelsDep
 from service.api.ingestion import ingest
-from service.api.parsing import Block, error_items, invalid_request
+from service.api.parsing import Block, error_items, invalid, invalid_request
 from service.api.presenters import event_frame
 from service.api.problems import from_redis, problem, status_of
 from service.api.schemas import NAME_PATTERN, BinaryHeader, Sample, StreamFrame
@@ -78,7 +78,7 @@ async def _open(
     await websocket.accept(subprotocol=accept_subprotocol(websocket.scope), headers=headers)
     try:
         if not re.fullmatch(NAME_PATTERN, name):
-            raise InvalidInput(f"name: must match {NAME_PATTERN}")
+            raise invalid(["path", "name"], f"must match {NAME_PATTERN}")
         return await models.lookup(name)
     except ServiceError as exc:
         await websocket.send_json({"error": problem(exc), "id": None})
@@ -197,15 +197,17 @@ def _parse(text: str) -> tuple[Any, StreamFrame | ServiceError]:
     try:
         raw = json.loads(text)
     except ValueError as exc:
-        return None, InvalidInput(f"frame is not JSON ({exc})")
+        return None, invalid([], f"a frame is a JSON object; this one is not JSON ({exc})")
     except RecursionError:
-        return None, InvalidInput("frame is nested too deeply to parse")
+        return None, invalid([], "the frame is nested too deeply to parse")
+    if not isinstance(raw, dict):
+        return None, invalid([], 'a frame is a JSON object, {"id", "samples"} or {"id", "x", "y"}')
+    if "id" not in raw:
+        return None, invalid(["id"], "a frame needs an id")
     try:
         return raw["id"], StreamFrame.model_validate(raw)
     except ValidationError as exc:
-        return _frame_id(raw), _invalid_frame(exc)
-    except (KeyError, TypeError):
-        return None, InvalidInput("id: a frame needs an id")
+        return raw["id"], _invalid_frame(exc)
 
 
 def _invalid_frame(exc: ValidationError) -> InvalidInput:
@@ -216,12 +218,12 @@ def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError
     """A binary frame: ``uint32 LE header length | JSON header {"id", "y": [labels]} | block``,
     the block being ``len(y) x dim`` little-endian float64 values, row-major (README)."""
     if len(data) < _HEADER_LEN.size:
-        return None, InvalidInput("binary frame: shorter than its 4-byte header length")
+        return None, invalid(["header"], "a binary frame starts with a 4-byte header length")
     (size,) = _HEADER_LEN.unpack_from(data)
     end = _HEADER_LEN.size + size
     if end > len(data):
-        return None, InvalidInput(
-            f"binary frame: header length {size} exceeds the frame ({len(data)} bytes)"
+        return None, invalid(
+            ["header"], f"header length {size} exceeds the frame ({len(data)} bytes)"
         )
     header = data[_HEADER_LEN.size : end]
     try:
@@ -230,7 +232,7 @@ def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError
         try:
             raw = json.loads(header)
         except (ValueError, RecursionError):
-            return None, InvalidInput("binary frame: the header is not a JSON object")
+            return None, invalid(["header"], "the header of a binary frame is a JSON object")
         return _frame_id(raw), _invalid_frame(exc)
     n = len(head.y)
     raw_block = memoryview(data)[end:]
