@@ -22,7 +22,7 @@ from service.api.lean import LeanPath
 from service.api.limits import BodyLimit
 from service.api.main import api_router
 from service.config import Settings, get_settings
-from service.core import warm_up
+from service.core import gallery, warm_up
 from service.engine.registry import Registry
 from service.security import KeyRing
 from service.storage.embedded import EmbeddedRedis
@@ -40,8 +40,9 @@ def _operation_id(route: APIRoute) -> str:
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     """Start Redis (embedded unless ``OPML_REDIS_URL``) and the models; stop them in reverse."""
     settings: Settings = app.state.settings
-    # Compile the learning kernel (or load it from numba's cache) before anything is served.
+    # Compile the kernels (or load them from numba's cache) before anything is served.
     await asyncio.to_thread(warm_up)
+    await asyncio.to_thread(gallery.warm_up)
     embedded: EmbeddedRedis | None = None
     url = settings.redis_url
     if url is None:

@@ -10,6 +10,7 @@ The parts, each in a module named for its job:
 * :mod:`service.engine.lease` -- whether this process owns the model (applies and checkpoints);
 * :mod:`service.engine.admission` -- learner backpressure before an append;
 * :mod:`service.engine.results` -- per-sample results for ``?wait=true``;
+* :mod:`service.engine.gallery` -- the identification gallery, kept transformed by ``L``;
 * :mod:`service.storage.group_commit` -- the model's append queue (one Lua call for the requests
   and frames that arrive together).
 """
@@ -30,6 +31,7 @@ from service.config import Settings
 from service.core import LearnerConfig
 from service.core._validation import Array
 from service.engine.admission import Admission, unapplied_limit
+from service.engine.gallery import Gallery
 from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import ModelClosed, Snapshot
@@ -103,6 +105,8 @@ class ModelRuntime:
             max_samples=settings.max_batch,
         )
         self.store = store
+        #: The identification gallery (served by the process that serves the model).
+        self.gallery = Gallery(name, config, store, settings, self.writer.board, self.metrics)
 
     @property
     def snapshot(self) -> Snapshot:
@@ -115,21 +119,26 @@ class ModelRuntime:
         """Restore the latest checkpoint and try to take the lease (the writer replays the
         log tail once started)."""
         await self.writer.load()
+        await self.gallery.load()
         self.metrics.count_steps(self.writer.learner.counts)
         await self.claim()
 
     def start(self) -> None:
         self.writer.start()
+        self.gallery.start()
 
     async def claim(self) -> None:
-        """Renew or take the lease (a Redis error is raised to the caller)."""
+        """Renew or take the lease, and pick up gallery changes made through other processes
+        (a Redis error is raised to the caller)."""
         if await self.lease.claim():
             self.writer.kick()  # a checkpoint may be due
+        await self.gallery.sync()
 
     async def stop(self, *, checkpoint: bool) -> None:
         """Stop the writer after its batch; with ``checkpoint`` (and while we own the model)
         write a final checkpoint and hand the lease back, so another process takes over at
         once."""
+        await self.gallery.stop()
         try:
             await self.writer.stop(final_checkpoint=checkpoint)
             if checkpoint:

@@ -6,7 +6,7 @@ one Redis Cluster slot. The only key outside a model's slot is the registry set.
 >>> ModelKeys("faces").log
 'opml:{faces}:log'
 >>> len(set(ModelKeys("faces").all()))
-9
+10
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ class ModelKeys:
 
     @property
     def meta(self) -> str:
-        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``."""
+        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``,
+        ``gallery`` (count of changes to the gallery: enrols and deletes)."""
         return f"{self._base}:meta"
 
     @property
@@ -74,6 +75,12 @@ class ModelKeys:
         """Integer: the latest fencing token granted (INCR); checkpoints with an older one fail."""
         return f"{self._base}:fence"
 
+    @property
+    def gallery(self) -> str:
+        """Hash: the identification gallery, item key -> its id, label and vector (bytes laid
+        out by :func:`~service.storage.codec.encode_gallery_item`)."""
+        return f"{self._base}:gallery"
+
     def all(self) -> list[str]:
         """Every key of this model (DELETE removes exactly these)."""
         return [
@@ -86,4 +93,5 @@ class ModelKeys:
             self.buffer,
             self.lease,
             self.fence,
+            self.gallery,
         ]
