@@ -22,8 +22,8 @@
   ``np.savez(f, xs=X)`` (``k`` and ``threshold`` then in the query string), and/or ``Accept:
   application/x-npz`` for an ``.npz`` answer: ``squared_distances`` (m, k) float64, ``same``
   (m, k) bool, ``ids`` and ``y`` (m, k) unicode (the string form of each id and label; ``y``
-  is ``""`` when an item has none), ``threshold`` and ``version`` (0-d), m = 1 for ``x``;
-  header ``X-Version``.
+  is ``""`` when an item has none), ``threshold``, ``threshold_source``, ``calibrated`` and
+  ``version`` (0-d), m = 1 for ``x``; header ``X-Version``.
 """
 
 from __future__ import annotations
@@ -150,34 +150,36 @@ async def answer_identify(
     values = np.array([[m.squared_distance for m in ms] for ms in found])
     parsing.finite_or_422(values, "squared_distance")
     limit, source = verify_threshold(view.snapshot, request.threshold)
-    if parsing.wants(accept, NPZ):
-        return Response(
-            _npz(found, values, limit, view.version),
-            media_type=NPZ,
-            headers={"X-Version": str(view.version)},
-        )
     decided = {
         "version": view.version,
         "threshold": limit,
         "threshold_source": source,
         "calibrated": view.snapshot.calibration.calibrated,
     }
+    if parsing.wants(accept, NPZ):
+        return Response(
+            _npz(found, values, decided), media_type=NPZ, headers={"X-Version": str(view.version)}
+        )
     if request.many:
         results = [{"matches": [_match(m, limit) for m in ms]} for ms in found]
         return JSONResponse({"results": results, **decided})
     return JSONResponse({"matches": [_match(m, limit) for m in found[0]], **decided})
 
 
-def _npz(found: list[list[Match]], values: Any, limit: float, version: int) -> bytes:
+def _npz(found: list[list[Match]], values: Any, decided: dict[str, Any]) -> bytes:
+    """The ``.npz`` answer: (m, k) arrays and the 0-d decision members (no object arrays, so
+    ``np.load(..., allow_pickle=False)`` reads it)."""
     buf = io.BytesIO()
     np.savez(
         buf,
         squared_distances=values,
-        same=values <= limit,
+        same=values <= decided["threshold"],
         ids=np.array([[str(m.id) for m in ms] for ms in found], dtype=str),
         y=np.array([["" if m.y is None else str(m.y) for m in ms] for ms in found], dtype=str),
-        threshold=np.float64(limit),
-        version=np.int64(version),
+        threshold=np.float64(decided["threshold"]),
+        threshold_source=np.array(decided["threshold_source"]),
+        calibrated=np.bool_(decided["calibrated"]),
+        version=np.int64(decided["version"]),
     )
     return buf.getvalue()
 
@@ -196,7 +198,7 @@ _NPZ_DOC = (
         200: {
             "description": "`{matches, ...}` for x, `{results: [{matches}], ...}` for xs; with "
             "`Accept: application/x-npz`, arrays squared_distances, same, ids, y (m, k), "
-            "threshold, version, and header X-Version.",
+            "threshold, threshold_source, calibrated, version (0-d), and header X-Version.",
             "content": {NPZ: _BINARY},
         }
     },
