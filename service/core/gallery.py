@@ -33,11 +33,12 @@ taken alone they could swap two nearly tied rows. The search therefore has two s
    bounds (``gamma_n = n u / (1 - n u)``, ``u = 2^-53``; Higham, *Accuracy and Stability of
    Numerical Algorithms*, Ch. 3), times a safety factor of 2: ``||z_i - L g_i|| <= err ||g_i||``
    for the stored rows (``err`` is tracked through refreshes), the query's own image, the
-   expanded square, and the brute force's own rounding. That gives every row an interval
-   ``[lo_i, hi_i]`` containing the value the brute force computes for it;
-2. **exact** -- every row with ``lo_i`` at most the k-th smallest ``hi_i`` is recomputed as
-   the brute force does it (``q - g_i``, mapped by ``L``, squared and summed; a compiled loop
-   that gives equal rows equal values).
+   expanded square, and the brute force's own rounding. Together, with the largest row norms of
+   the view, they give ``delta``: every row's brute-force value is within ``delta`` of its
+   expanded square ``e_i``. A row among the k smallest brute-force values therefore has
+   ``e_i <= (k-th smallest e) + 2 delta``;
+2. **exact** -- every such row is recomputed as the brute force does it (``q - g_i``, mapped
+   by ``L``, squared and summed; a compiled loop that gives equal rows equal values).
 
 The rows returned hold every row whose brute-force value is at most the k-th smallest one
 (ties included), so sorting them by (value, id) is exactly the brute force's top k with ties
@@ -65,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -226,7 +228,7 @@ class TransformedGallery:
     def dim(self) -> int:
         return int(self.L.shape[0])
 
-    @property
+    @cached_property
     def size(self) -> int:
         """Rows alive."""
         return int(np.count_nonzero(self.alive))
@@ -319,6 +321,14 @@ class TransformedGallery:
 
     # -- searching -------------------------------------------------------------------------
 
+    @cached_property
+    def _scales(self) -> tuple[float, float, float]:
+        """``||L||_F``, the largest ``||g_i||`` and the largest ``||z_i||`` (once per view)."""
+        n = self.n
+        g_max = float(self._g.norms[:n].max()) if n else 0.0
+        z_max = float(self._z.norms[:n].max()) if n else 0.0
+        return float(np.linalg.norm(self.L)), g_max, z_max
+
     def nearest(self, Q: Array, k: int) -> list[tuple[Ints, Array]]:
         """For each (normalised) query row, the rows that can be among its ``k`` nearest by
         the brute force, with their brute-force values ``||L(q - g)||^2`` (Eq. 2).
@@ -326,53 +336,55 @@ class TransformedGallery:
         Every alive row whose brute-force value is at most the k-th smallest is returned
         (see the module docstring), so sorting the answer by (value, id) and keeping ``k`` is
         the brute force's top k. Needs ``1 <= k <= size``. A value that overflows float64 is
-        ``inf`` (or NaN), never a wrong ranking.
+        ``inf`` (or NaN), never a wrong ranking. Runs BLAS on one thread (on a busy machine a
+        second one costs far more than it gains on a product this small).
+
+        The bound stage: with ``e_i`` the expanded square of row i, every row's brute-force
+        value lies within ``delta`` of ``e_i`` (``delta`` from the largest row norms, so a few
+        passes over the rows suffice); a row within the k smallest brute-force values then has
+        ``e_i <= (k-th smallest e) + 2 delta``, and those rows are recomputed exactly.
         """
         if not 1 <= k <= self.size:
             raise ValueError(f"k: must be between 1 and the {self.size} rows, got {k}")
         n, d = self.n, self.dim
         L = self.L
-        l_norm = float(np.linalg.norm(L))
-        g_norms = self._g.norms[:n]
-        z_norms = self._z.norms[:n]
-        dead = None if self.alive.all() else ~self.alive
-        brute = SAFETY * 2.0 * _gamma(d + 1) * l_norm  # the brute force's rounding, per ||.||
-        per_row = g_norms * (self.err + brute)  # slack growing with ||g_i||
+        l_norm, g_max, z_max = self._scales
+        dead = None if self.size == n else ~self.alive
+        # Per unit of ||q|| + ||g||: the rounding of the brute force's own value (q - g, then
+        # a d-term dot product per entry; the square sum adds its share relative to the value).
+        brute = SAFETY * 2.0 * _gamma(d + 1) * l_norm
+        # ||z_i - L g_i|| <= err ||g_i||, and the query's image rounds like one row of G L^T.
+        row_slack = (self.err + brute) * g_max
+        query_slack = SAFETY * _gamma(d) * l_norm + brute
+        grow = 1.0 + 2.0 * SAFETY * _gamma(d + 3)  # computed norms vs exact ones
         out: list[tuple[Ints, Array]] = []
         step = max(1, _BLOCK_VALUES // max(n, 1))
-        pinned = _one_blas_thread(n * d * len(Q))
-        with np.errstate(over="ignore", invalid="ignore"), pinned:
+        with np.errstate(over="ignore", invalid="ignore"), _blas().limit(limits=1, user_api="blas"):
             ZQ = Q @ L.T
             for start in range(0, len(Q), step):
                 zq = ZQ[start : start + step]  # (m, d)
-                qz_norms = np.sqrt(np.einsum("ij,ij->i", zq, zq))
-                q_norms = np.sqrt(np.einsum("ij,ij->i", Q[start : start + step],
-                                            Q[start : start + step]))  # fmt: skip
-                # ||z_i||^2 - 2 z_i . zq + ||zq||^2, as (n, m)
-                e = self._z.squares[:n, None] - 2.0 * (self._z.rows[:n] @ zq.T)
-                e += (qz_norms**2)[None, :]
-                eta = SAFETY * _gamma(d + 3) * (z_norms[:, None] + qz_norms[None, :]) ** 2
-                slack = (
-                    per_row[:, None]
-                    + (SAFETY * _gamma(d) * l_norm * q_norms + brute * q_norms)[None, :]
-                )
-                lo = np.sqrt(np.maximum(e - eta, 0.0)) - slack
-                np.maximum(lo, 0.0, out=lo)
-                lo *= lo
-                hi = np.sqrt(np.maximum(e + eta, 0.0)) + slack
-                hi *= hi
-                unknown = ~np.isfinite(e)  # overflow: let the exact stage decide
-                lo[unknown] = 0.0
-                hi[unknown] = np.inf
+                zq_norms = np.sqrt(np.einsum("ij,ij->i", zq, zq))
+                block = Q[start : start + step]
+                q_norms = np.sqrt(np.einsum("ij,ij->i", block, block))
+                # e = ||z_i||^2 - 2 z_i . zq + ||zq||^2, as (n, m)
+                e = self._z.rows[:n] @ zq.T
+                e *= -2.0
+                e += self._z.squares[:n, None]
+                e += (zq_norms**2)[None, :]
                 if dead is not None:
-                    lo[dead] = np.inf
-                    hi[dead] = np.inf
-                kth = np.partition(hi, k - 1, axis=0)[k - 1]
+                    e[dead] = np.inf
+                reach = (z_max + zq_norms) * grow  # >= every distance ||zq - z_i||, sqrt(e + eta)
+                eta = SAFETY * _gamma(d + 3) * reach**2  # the expanded square's rounding
+                slack = row_slack + query_slack * q_norms
+                delta = eta + 2.0 * slack * reach + slack**2
+                kth = np.partition(e, k - 1, axis=0)[k - 1]
                 for j in range(zq.shape[0]):
-                    rows = np.flatnonzero(lo[:, j] <= kth[j])
-                    if dead is not None:
-                        rows = rows[self.alive[rows]]
-                    out.append((rows, brute_force(self._g.rows, rows, Q[start + j], L)))
+                    limit = kth[j] + 2.0 * delta[j]
+                    if math.isfinite(limit):
+                        rows = np.flatnonzero(e[:, j] <= limit)
+                    else:  # an overflow: the exact stage decides over every alive row
+                        rows = np.flatnonzero(self.alive)
+                    out.append((rows, brute_force(self._g.rows, rows, block[j], L)))
         return out
 
 

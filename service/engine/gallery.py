@@ -72,8 +72,12 @@ T = TypeVar("T")
 _REFRESH_THREADS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opml-gallery-refresh")
 #: Searches of large galleries (so the event loop keeps answering meanwhile).
 _SEARCH_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-identify")
-#: Work (multiply-adds) from which an operation runs in a worker thread rather than inline.
+#: Work (multiply-adds) from which a change runs in a worker thread rather than inline.
 _THREAD_WORK = 1 << 16
+#: ... and a search: up to about 2M multiply-adds (one query over 10,000 x 128: ~0.5 ms) it
+#: runs on the event loop, because handing it to a thread and back costs more than that on a
+#: busy machine (two context switches, each waiting for a core).
+_INLINE_SEARCH = 1 << 21
 #: Dead rows (deleted or replaced items) are dropped once they are this share of the rows.
 _DEAD_SHARE = 0.25
 
@@ -283,8 +287,9 @@ class Gallery:
     ) -> None:
         view = self.view
         Xn = normalize_rows(X, self.config.normalize)
+        work = len(X) * self.config.dim**2
         rows, first = await self._run(
-            _REFRESH_THREADS, len(X) * self.config.dim**2, view.rows.with_rows, Xn
+            _REFRESH_THREADS, work < _THREAD_WORK, view.rows.with_rows, Xn
         )
         replaced = [self._index[k] for k in keys if k in self._index]
         if replaced:
@@ -325,7 +330,8 @@ class Gallery:
         :data:`_DEAD_SHARE` of it."""
         rows = view.rows
         if rows.n - rows.size > max(_DEAD_SHARE * rows.n, 64):
-            rows, kept = await self._run(_REFRESH_THREADS, rows.n * self.config.dim, rows.compacted)
+            inline = rows.n * self.config.dim < _THREAD_WORK
+            rows, kept = await self._run(_REFRESH_THREADS, inline, rows.compacted)
             items = [view.items[i] for i in kept.tolist()]
             self._index = {item.key: row for row, item in enumerate(items)}
             view = GalleryView(rows, items, view.snapshot)
@@ -348,7 +354,8 @@ class Gallery:
         snap = self.board.current
         empty = TransformedGallery.empty(snap.metric.L)
         Xn = normalize_rows(X, self.config.normalize)
-        rows, _ = await self._run(_REFRESH_THREADS, len(X) * d * d, empty.with_rows, Xn)
+        work = len(X) * d * d
+        rows, _ = await self._run(_REFRESH_THREADS, work < _THREAD_WORK, empty.with_rows, Xn)
         self._index = {item.key: row for row, item in enumerate(items)}
         self._sorted = None
         self._changes = changes
@@ -377,8 +384,9 @@ class Gallery:
         rank = step_rank(view.snapshot, snap)
         d = self.config.dim
         started = time.perf_counter()
+        work = view.rows.n * d * d
         rows, method = await self._run(
-            _REFRESH_THREADS, view.rows.n * d * d, view.rows.refreshed, snap.metric.L, rank
+            _REFRESH_THREADS, work < _THREAD_WORK, view.rows.refreshed, snap.metric.L, rank
         )
         if method != "unchanged" and rows.n:
             self.metrics.gallery_refresh[method].observe(time.perf_counter() - started)
@@ -422,7 +430,7 @@ class Gallery:
         (see :mod:`service.core.gallery`). A value may be ``inf`` when it overflows float64."""
         Q = normalize_rows(X, self.config.normalize)
         work = view.rows.n * self.config.dim * len(Q)
-        found = await self._run(_SEARCH_THREADS, work, view.rows.nearest, Q, k)
+        found = await self._run(_SEARCH_THREADS, work < _INLINE_SEARCH, view.rows.nearest, Q, k)
         items = view.items
         answers = []
         for rows, values in found:
@@ -447,8 +455,11 @@ class Gallery:
         return len(keys), ids, page[-1] if more and page else None
 
     @staticmethod
-    async def _run(executor: ThreadPoolExecutor, work: int, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` inline when small, else in ``executor`` (BLAS releases the GIL)."""
-        if work < _THREAD_WORK:
+    async def _run(
+        executor: ThreadPoolExecutor, inline: bool, fn: Callable[..., T], *args: Any
+    ) -> T:
+        """``fn(*args)`` on the event loop (``inline``), or in ``executor`` (the products
+        release the GIL)."""
+        if inline:
             return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
