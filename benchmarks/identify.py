@@ -481,12 +481,14 @@ def report(data: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (smaller, shorter)")
+    parser.add_argument("--rate-10k", type=float, default=50.0, help="queries/s, 10,000 items")
+    parser.add_argument("--rate-100k", type=float, default=5.0, help="queries/s, 100,000 items")
     args = parser.parse_args()
     quick = args.quick
     plan = {
-        "seconds": 5.0 if quick else 20.0,
-        "rate_10k": 50.0 if quick else 100.0,
-        "rate_100k": 5.0 if quick else 10.0,
+        "seconds": 5.0 if quick else 30.0,
+        "rate_10k": args.rate_10k,
+        "rate_100k": args.rate_100k,
         "baseline_queries": 10 if quick else 50,
     }
     loads = {"start": load()}

@@ -40,7 +40,7 @@ ROUTE_SCOPES: dict[tuple[str, str], KeyScope] = {
     ("PUT", "/v1/models/{name}/metric"): KeyScope.ADMIN,
     ("POST", "/v1/models/{name}/samples"): KeyScope.INGEST,
     ("POST", "/v1/models/{name}/gallery"): KeyScope.INGEST,
-    ("DELETE", "/v1/models/{name}/gallery/{item_id:path}"): KeyScope.INGEST,
+    ("DELETE", "/v1/models/{name}/gallery/{item_id}"): KeyScope.INGEST,
     ("WS", "/v1/models/{name}/stream"): KeyScope.INGEST,
     ("GET", "/v1/models"): KeyScope.QUERY,
     ("GET", "/v1/models/{name}"): KeyScope.QUERY,
@@ -57,10 +57,16 @@ ROUTE_SCOPES: dict[tuple[str, str], KeyScope] = {
 API_PREFIX = "/v1/"
 
 
+#: Path parameters that may span several segments (a gallery id may hold ``/``).
+_MULTI_SEGMENT = ("{item_id}",)
+
+
 def _pattern(template: str) -> re.Pattern[str]:
-    """A route template as a regex: ``{x}`` is one path segment, ``{x:path}`` the rest."""
-    rest = re.sub(r"\{\w+:path\}", ".+", template)
-    return re.compile("^" + re.sub(r"\{\w+\}", "[^/]+", rest) + "$")
+    """A route template as a regex: a ``{parameter}`` is one path segment (or, in
+    :data:`_MULTI_SEGMENT`, the rest of the path)."""
+    for parameter in _MULTI_SEGMENT:
+        template = template.replace(parameter, "(?:.+)")
+    return re.compile("^" + re.sub(r"\{\w+\}", "[^/]+", template) + "$")
 
 
 _PATTERNS = [

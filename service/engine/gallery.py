@@ -18,8 +18,10 @@ views and matches, and knows no HTTP.
 * **The refresher** (one task per model) waits for a new snapshot and brings the view up to it
   in a worker thread (full or incremental, :func:`~service.core.gallery.refresh_method`), one
   refresh at a time: snapshots published during a refresh are taken together by the next one,
-  so the view follows the learner at the pace the refreshes allow, never blocking the event
-  loop. ``min_version`` waits until the view is transformed to at least that version.
+  never blocking the event loop. It takes at most half of one core: a refresh that took ``t``
+  is followed by a pause of ``t``, so under a fast stream the view follows the learner a few
+  refreshes behind rather than starving it. ``min_version`` waits until the view is
+  transformed to at least that version.
 * **One change at a time.** Enrols, deletes and refreshes hold one lock (an enrol may wait for
   a refresh in flight); a write to Redis and its application in memory are shielded from
   cancellation, so a client that goes away never leaves memory behind Redis. Queries take no
@@ -78,6 +80,8 @@ _THREAD_WORK = 1 << 16
 #: runs on the event loop, because handing it to a thread and back costs more than that on a
 #: busy machine (two context switches, each waiting for a core).
 _INLINE_SEARCH = 1 << 21
+#: Most of its (wall) time the refresher spends refreshing (see ``_refresh_loop``).
+_REFRESH_SHARE = 0.5
 #: Dead rows (deleted or replaced items) are dropped once they are this share of the rows.
 _DEAD_SHARE = 0.25
 
@@ -372,15 +376,21 @@ class Gallery:
                 return
             try:
                 async with self._lock:
-                    await self._refresh()
+                    took = await self._refresh()
+                # At most half of one core: a refresh that took t is followed by a pause of t
+                # (a slow stream's incremental refreshes take little, so it is followed at
+                # once; a fast one is followed at the pace the machine allows, version by
+                # version skipped, instead of starving the learner and the event loop).
+                await asyncio.sleep(took * _REFRESH_SHARE / (1.0 - _REFRESH_SHARE))
             except Exception:  # never leave the gallery without a refresher
                 log.exception("%s: gallery refresh failed; retrying", self.name)
                 await asyncio.sleep(1.0)
 
-    async def _refresh(self) -> None:
+    async def _refresh(self) -> float:
+        """Bring the view to the latest snapshot; the seconds it took."""
         view, snap = self.view, self.board.current
         if snap is view.snapshot:
-            return
+            return 0.0
         rank = step_rank(view.snapshot, snap)
         d = self.config.dim
         started = time.perf_counter()
@@ -388,9 +398,11 @@ class Gallery:
         rows, method = await self._run(
             _REFRESH_THREADS, work < _THREAD_WORK, view.rows.refreshed, snap.metric.L, rank
         )
+        took = time.perf_counter() - started
         if method != "unchanged" and rows.n:
-            self.metrics.gallery_refresh[method].observe(time.perf_counter() - started)
+            self.metrics.gallery_refresh[method].observe(took)
         self._publish(GalleryView(rows, view.items, snap))
+        return took
 
     # -- reads ---------------------------------------------------------------------------------
 
