@@ -30,6 +30,7 @@ from tests.service.support import (
 )
 
 NPZ = "application/x-npz"
+NPY = "application/x-npy"
 MAX_GALLERY = int(SHARED_ENV["OPML_MAX_GALLERY"])
 
 
@@ -72,9 +73,6 @@ def metric_at(api: httpx.Client, name: str, version: int) -> np.ndarray:
     )
     assert response.headers["x-version"] == str(version)
     return np.load(io.BytesIO(response.content), allow_pickle=False)
-
-
-NPY = "application/x-npy"
 
 
 def gallery_of(n: int, d: int, seed: int) -> tuple[list[Any], np.ndarray]:

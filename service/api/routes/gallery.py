@@ -45,10 +45,10 @@ from service.api.schemas import (
     EnrolBody,
     Enrolled,
     GalleryPage,
+    Identified,
     IdentifiedMany,
     IdentifyBody,
 )
-from service.api.schemas import Identified as IdentifiedOne
 from service.engine.gallery import Match
 from service.engine.registry import Registry
 from service.errors import LimitExceeded
@@ -144,8 +144,12 @@ async def answer_identify(
         )
     view = await runtime.gallery.read(min_version)
     if request.k > view.size:
-        what = "the gallery is empty" if view.size == 0 else f"the gallery holds {view.size}"
-        raise parsing.invalid(request.k_loc, f"{request.k} matches asked for; {what}")
+        raise parsing.invalid(
+            request.k_loc,
+            "the gallery is empty: enrol items first"
+            if view.size == 0
+            else f"asks for {request.k} matches but the gallery holds {view.size} items",
+        )
     found = await runtime.gallery.search(view, X, request.k)
     values = np.array([[m.squared_distance for m in ms] for ms in found])
     parsing.finite_or_422(values, "squared_distance")
@@ -193,7 +197,7 @@ _NPZ_DOC = (
 
 @router.post(
     "/identify",
-    response_model=IdentifiedOne | IdentifiedMany,
+    response_model=Identified | IdentifiedMany,
     responses={
         200: {
             "description": "`{matches, ...}` for x, `{results: [{matches}], ...}` for xs; with "
