@@ -45,7 +45,7 @@ from threadpoolctl import threadpool_limits
 
 from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info, suffixed
 from benchmarks.loadgen import RawPool, open_loop, summary
-from benchmarks.service_load import Service
+from benchmarks.service_load import Service, thread_cpu
 from service.core import normalize_rows
 from service.core.gallery import OVERSAMPLE, TransformedGallery, refresh_method
 
@@ -181,9 +181,11 @@ def model_version(client: httpx.Client, model: str) -> int:
 
 
 async def identify_loop(
-    url: str, model: str, Q: np.ndarray, rate: float, seconds: float
+    url: str, model: str, Q: np.ndarray, rate: float, seconds: float, pid: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Open loop of ``identify`` (one vector, k = K); the summary and every answer."""
+    """Open loop of ``identify`` (one vector, k = K), then of ``GET /livez`` at the same rate
+    (the HTTP stack's floor under the same conditions); the summary, with the service's CPU
+    per request of each, and every identify answer."""
     bodies = [json.dumps({"x": q.tolist(), "k": K}).encode() for q in Q]
     path = f"/v1/models/{model}/identify"
     pool = RawPool(url, 16)
@@ -197,7 +199,17 @@ async def identify_loop(
             answers.append({"query": i % len(bodies), **json.loads(body)})
         return status
 
+    async def livez(i: int) -> int:
+        return (await pool.request("GET", "/livez"))[0]
+
+    cpu0 = sum(thread_cpu(pid))
     out = await open_loop(request, rate, seconds)
+    cpu1 = sum(thread_cpu(pid))
+    floor = await open_loop(livez, rate, seconds / 2)
+    cpu2 = sum(thread_cpu(pid))
+    out["cpu_ms_per_request"] = 1e3 * (cpu1 - cpu0) / max(out["requests"], 1)
+    out["livez"] = floor["latency"]
+    out["livez_cpu_ms_per_request"] = 1e3 * (cpu2 - cpu1) / max(floor["requests"], 1)
     await pool.close()
     return out, answers
 
@@ -256,8 +268,9 @@ def measure_service(tmp: Path, sizes: list[int], plan: dict[str, float]) -> dict
                 rate = plan["rate_10k"] if n <= 10_000 else plan["rate_100k"]
                 version = model_version(client, model)
                 idle, answers = asyncio.run(
-                    identify_loop(service.url, model, Q, rate, plan["seconds"])
+                    identify_loop(service.url, model, Q, rate, plan["seconds"], service.pid)
                 )
+                idle["load"] = load()
                 L = metric(client, model)
                 print(
                     f"service n={n} idle: p50 {idle['latency']['p50_ms']:.2f} ms, p99 "
@@ -276,7 +289,7 @@ def measure_service(tmp: Path, sizes: list[int], plan: dict[str, float]) -> dict
                 )
                 time.sleep(3.0)  # the stream is up to speed
                 busy, busy_answers = asyncio.run(
-                    identify_loop(service.url, model, Q, rate, plan["seconds"])
+                    identify_loop(service.url, model, Q, rate, plan["seconds"], service.pid)
                 )
                 v1 = model_version(client, model)
                 after = refresh_stats(client, model)
@@ -293,7 +306,7 @@ def measure_service(tmp: Path, sizes: list[int], plan: dict[str, float]) -> dict
                 results[str(n)] = {
                     "n": n,
                     "enrol_s": enrol_s,
-                    "idle": {**idle, "version": version, "load": load()},
+                    "idle": {**idle, "version": version},
                     "ingesting": {
                         **busy,
                         "load": load(),
@@ -389,17 +402,25 @@ def report(data: dict[str, Any]) -> str:
         f"binary frames paced at {INGEST_RATE:,.0f} samples/s (achieved rate in the table); the "
         f"target is p99 < {TARGET_P99_MS:g} ms for 10,000 x 128 during ingestion.",
         "",
-        "| gallery | phase | queries/s | p50 ms | p99 ms | max ms | ingestion samples/s | load |",
-        "|---|---|---|---|---|---|---|---|",
+        "`GET /livez` (no work at all) was measured right after each run at the same rate: its "
+        "latency is the floor the machine's load sets for any request. Service CPU per request "
+        "from /proc (during ingestion it includes the ingestion's share).",
+        "",
+        "| gallery | phase | queries/s | p50 ms | p99 ms | max ms | livez p50 / p99 ms | "
+        "service CPU ms per identify / livez | ingestion samples/s | load |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, r in data["service"].items():
         for phase in ("idle", "ingesting"):
             p = r[phase]
             lat = p["latency"]
             rate = _f(p.get("ingest_throughput"), 0) if phase == "ingesting" else "-"
+            floor = p["livez"]
             lines.append(
                 f"| {int(n):,} x 128 | {phase} | {p['offered_rate']:g} | "
                 f"{_f(lat['p50_ms'])} | {_f(lat['p99_ms'])} | {_f(lat['max_ms'])} | "
+                f"{_f(floor['p50_ms'])} / {_f(floor['p99_ms'])} | "
+                f"{_f(p['cpu_ms_per_request'])} / {_f(p['livez_cpu_ms_per_request'])} | "
                 f"{rate} | {p['load']} |"
             )
     lines += [
