@@ -13,16 +13,18 @@ Keeping ``Z`` up to date (:meth:`TransformedGallery.refreshed`)
   ``L' - L`` has rank at most ``r`` = 2 x (triplet steps) + (pair steps), known from the step
   counts. It is factorised as ``Q B`` (``Q`` d x r' orthonormal, by a randomised range finder
   with ``r' = r + OVERSAMPLE`` columns, O(d^2 r')), and ``Z' = Z + (G B^T) Q^T``: O(n d r')
-  instead of O(n d^2). The factorisation's residual ``||L' - L - Q B||_F`` is measured and
-  carried in the error bound below, so nothing is assumed about it.
+  instead of O(n d^2), in one compiled pass over the rows (:func:`_low_rank_update`). The
+  factorisation's residual ``||L' - L - Q B||_F`` is measured and carried in the error bound
+  below, so nothing is assumed about it.
 
-The incremental form is taken when ``4 r' <= d`` and the gallery has more than ``d`` rows,
-else the full one (:func:`refresh_method`): the incremental form reads and writes ``Z`` and
-``G`` several times and its thin products run well below the speed of the full product, so on
-this machine it pays up to about ``r' = d / 4`` (``benchmarks/results/identify.md`` has both
-costs by ``d``, ``n`` and ``r'``). At d = 128 that is up to 15 triplet steps per refresh: a
-learner publishing batches of hundreds of steps (20,000 samples/s) gets full refreshes; the
-incremental form is for the slow stream of a few steps per version, where it is cheaper.
+The incremental form is taken when ``8 r' <= d`` and the gallery has more than ``d`` rows,
+else the full one (:func:`refresh_method`). The full product runs at BLAS speed and the
+incremental pass is bound by memory traffic (three n x d streams), so the incremental form
+pays well below ``r' = d``: on this machine it is 3-8x cheaper at ``r' <= d / 8`` and about
+even near ``r' = d / 4`` (``benchmarks/results/identify.md`` has both costs by ``d``, ``n`` and
+``r'``). At d = 128 that is up to 7 triplet steps per refresh: a learner publishing batches of
+hundreds of steps (20,000 samples/s) gets full refreshes; the incremental form is for the
+slow stream of a few steps per version, where it is cheaper.
 
 Exact answers (:meth:`TransformedGallery.nearest`)
 --------------------------------------------------
@@ -122,10 +124,47 @@ def _brute_force(G: Array, rows: Any, q: Array, L: Array, out: Array) -> None:
         out[c] = total
 
 
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+def _low_rank_update(
+    G: Array, Z: Array, B: Array, QT: Array, out: Array, squares: Array, norms: Array
+) -> None:
+    """``out = Z + (G B^T) Q^T`` row by row, with each new row's squared norm and norm.
+
+    One pass over the rows (read ``g_i`` and ``z_i``, write ``z'_i``): the products' operands
+    ``B`` and ``Q^T`` (r' x d each) stay in cache, so the update costs the memory traffic of
+    three n x d streams and 4 n d r' flops, without the temporaries and extra passes of the
+    same arithmetic written as matrix products.
+    """
+    r = B.shape[0]
+    d = G.shape[1]
+    w = np.empty(r)
+    for i in range(G.shape[0]):
+        g, z, o = G[i], Z[i], out[i]
+        for a in range(r):  # w = B g_i
+            Ba = B[a]
+            s = 0.0
+            for j in range(d):
+                s += Ba[j] * g[j]
+            w[a] = s
+        for j in range(d):
+            o[j] = z[j]
+        for a in range(r):  # z'_i = z_i + Q w
+            wa, Qa = w[a], QT[a]
+            for j in range(d):
+                o[j] += wa * Qa[j]
+        total = 0.0
+        for j in range(d):
+            total += o[j] * o[j]
+        squares[i] = total
+        norms[i] = math.sqrt(total)
+
+
 def warm_up() -> None:
-    """Compile (or load from numba's cache) the brute-force loop before it is needed."""
+    """Compile (or load from numba's cache) the compiled loops before they are needed."""
     out = np.empty(1)
     _brute_force(np.zeros((1, 2)), np.zeros(1, dtype=np.int64), np.ones(2), np.eye(2), out)
+    rows = np.zeros((1, 2))
+    _low_rank_update(rows, rows, np.eye(2), np.eye(2), np.empty((1, 2)), out, np.empty(1))
 
 
 def brute_force(G: Array, rows: Ints, q: Array, L: Array) -> Array:
@@ -153,12 +192,12 @@ def refresh_method(rank: int | None, n: int, d: int) -> str:
     """``"incremental"`` or ``"full"`` for a change of ``L`` of rank at most ``rank`` (None:
     unknown) over ``n`` rows of dimension ``d`` (see the module docstring).
 
-    >>> refresh_method(2, 10_000, 128), refresh_method(40, 10_000, 128), refresh_method(2, 50, 128)
+    >>> refresh_method(2, 10_000, 128), refresh_method(20, 10_000, 128), refresh_method(2, 50, 128)
     ('incremental', 'full', 'full')
     """
     if rank is None or n <= d:
         return "full"
-    return "incremental" if 4 * (rank + OVERSAMPLE) <= d else "full"
+    return "incremental" if 8 * (rank + OVERSAMPLE) <= d else "full"
 
 
 @dataclass
@@ -306,17 +345,19 @@ class TransformedGallery:
         r = Q.shape[1]
         l_norm = float(np.linalg.norm(L))
         b_norm = float(np.linalg.norm(B))
-        # Rounding of G B^T (a d-term dot per entry), of (G B^T) Q^T (r terms, ||Q||_F = sqrt r)
-        # and of the addition to Z (|z'| <= (||L||_F + err) ||g||).
-        rounding = b_norm * (_gamma(d) + _gamma(r) * math.sqrt(r)) + U * (l_norm + self.err)
+        # Rounding of w = B g (a d-term dot per entry) and of z + Q w (r + 1 terms per entry;
+        # ||Q||_F = sqrt r, |z'| <= (||L||_F + err) ||g||), per unit of ||g||.
+        # z'_j = z_j + sum_a w_a Q_ja: r + 1 terms (gamma_{r+1}, relative to |z| + |Q||w|).
+        rounding = b_norm * (_gamma(d) + _gamma(r + 1) * math.sqrt(r)) + _gamma(r + 1) * (
+            l_norm + self.err
+        )
         err = self.err + residual + SAFETY * rounding
         if err > MAX_RELATIVE_ERR * l_norm:
             return None
-        G = self._g.rows[:n]
-        W = G @ B.T
-        z = _Block.product(W, Q.T, max(_MIN_CAPACITY, len(self._z.rows)))
-        z.rows[:n] += self._z.rows[:n]
-        z._measure(0, n)
+        capacity = max(_MIN_CAPACITY, len(self._z.rows))
+        z = _Block(np.empty((capacity, d)), np.empty(capacity), np.empty(capacity), n)
+        _low_rank_update(self._g.rows[:n], self._z.rows[:n], B, np.ascontiguousarray(Q.T),
+                         z.rows[:n], z.squares[:n], z.norms[:n])  # fmt: skip
         return replace(self, _z=z, L=L, err=err)
 
     # -- searching -------------------------------------------------------------------------

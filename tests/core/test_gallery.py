@@ -94,8 +94,8 @@ def test_difference_factors_bound_their_residual() -> None:
 
 def test_policy() -> None:
     assert refresh_method(2, 10_000, 128) == "incremental"
-    assert refresh_method(30, 10_000, 128) == "incremental"  # 4 (30 + 2) = 128
-    assert refresh_method(31, 10_000, 128) == "full"
+    assert refresh_method(14, 10_000, 128) == "incremental"  # 8 (14 + 2) = 128
+    assert refresh_method(15, 10_000, 128) == "full"
     assert refresh_method(None, 10_000, 128) == "full"  # unknown change (PUT metric)
     assert refresh_method(2, 128, 128) == "full"  # n <= d: the full product is as cheap
 
