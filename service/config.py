@@ -49,7 +49,7 @@ class Settings(BaseSettings):
 
     lean_path: bool = Field(
         default=True,
-        description="Answer the hot queries (distance, verify) on the lean path, without "
+        description="Answer the hot queries (distance, verify, identify) on the lean path, without "
         "FastAPI's per-request machinery (same parsers and answers; false: every request goes "
         "through its FastAPI route).",
     )
