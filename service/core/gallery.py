@@ -21,10 +21,11 @@ The incremental form is taken when ``8 r' <= d`` and the gallery has more than `
 else the full one (:func:`refresh_method`). The full product runs at BLAS speed and the
 incremental pass is bound by memory traffic (three n x d streams), so the incremental form
 pays well below ``r' = d``: on this machine it is 1.2-5x cheaper at ``r' <= d / 8`` for
-d >= 128 and about even near ``r' = d / 4`` (at d = 64 the two are within the noise) (``benchmarks/results/identify.md`` has both costs by ``d``, ``n`` and
-``r'``). At d = 128 that is up to 7 triplet steps per refresh: a learner publishing batches of
-hundreds of steps (20,000 samples/s) gets full refreshes; the incremental form is for the
-slow stream of a few steps per version, where it is cheaper.
+d >= 128 and about even near ``r' = d / 4``; at d = 64 the two are within the noise
+(``benchmarks/results/identify.md`` has both costs by ``d``, ``n`` and ``r'``). At d = 128
+that is up to 7 triplet steps per refresh: a learner publishing batches of hundreds of steps
+(20,000 samples/s) gets full refreshes; the incremental form is for the slow stream of a few
+steps per version, where it is cheaper.
 
 Exact answers (:meth:`TransformedGallery.nearest`)
 --------------------------------------------------
