@@ -593,3 +593,209 @@ def close_problem(code: int | None, reason: str) -> APIError | None:
     if code == 1008:
         return from_problem(422, {"title": "Invalid input", "detail": reason or "refused"})
     return None
+
+
+# -- gallery and identification ----------------------------------------------------------------
+# (Answer types here rather than in clients.types while clients/ is being restructured; they
+# follow the same pattern: frozen, built from the answer, the whole document kept in ``raw``.)
+
+ItemId = int | str
+
+
+@dataclass(frozen=True)
+class Match:
+    """One gallery item of an identify answer (``y`` None: the item has no label)."""
+
+    id: ItemId
+    y: Label | None
+    squared_distance: float
+    same: bool
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Match:
+        return cls(doc["id"], doc.get("y"), float(doc["squared_distance"]), bool(doc["same"]))
+
+
+@dataclass(frozen=True)
+class Identified:
+    """``identify`` of one vector: matches in ascending distance (ties by id), the ``version``
+    of ``L`` they are exact for, and the threshold ``same`` was decided with."""
+
+    matches: list[Match]
+    version: int
+    threshold: float
+    threshold_source: str
+    calibrated: bool
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Identified:
+        return cls([Match.from_json(m) for m in doc["matches"]], *_decided(doc), doc)
+
+
+@dataclass(frozen=True)
+class IdentifiedMany:
+    """``identify`` of several vectors: one list of matches per vector, in order. From the
+    binary answer the ids and labels are their string forms (``.npz`` holds no mixed types)."""
+
+    results: list[list[Match]]
+    version: int
+    threshold: float
+    threshold_source: str
+    calibrated: bool
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> IdentifiedMany:
+        results = [[Match.from_json(m) for m in r["matches"]] for r in doc["results"]]
+        return cls(results, *_decided(doc), doc)
+
+
+def _decided(doc: dict[str, Any]) -> tuple[int, float, str, bool]:
+    source = str(doc["threshold_source"])
+    return int(doc["version"]), float(doc["threshold"]), source, bool(doc["calibrated"])
+
+
+@dataclass(frozen=True)
+class Enrolled:
+    """An enrol's answer: items sent, how many replaced an enrolled id, the gallery's size."""
+
+    enrolled: int
+    replaced: int
+    size: int
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class GalleryPage:
+    """One page of a gallery's ids (in the order of their string form) and its item count;
+    ``next_cursor`` (None after the last page) fetches the next."""
+
+    count: int
+    ids: list[ItemId]
+    next_cursor: str | None
+
+
+def item_ids(values: Any, n: int) -> list[ItemId]:
+    """``n`` gallery ids: ints, or strings of 1-256 characters (as labels, integral numbers
+    from a numeric file become ints).
+
+    >>> item_ids(np.array([3.0, 4.0]), 2), item_ids(["a", 7], 2)
+    ([3, 4], ['a', 7])
+    """
+    seq = values.tolist() if isinstance(values, np.ndarray) else list(values)
+    if len(seq) != n:
+        raise ValueError(f"ids: expected {n} ids, got {len(seq)}")
+    out: list[ItemId] = []
+    for i, value in enumerate(seq):
+        if isinstance(value, str) and not 1 <= len(value) <= 256:
+            raise ValueError(f"ids[{i}]: an id has 1 to 256 characters, got {len(value)}")
+        out.append(value if isinstance(value, str) else label(value, f"ids[{i}]"))
+    return out
+
+
+def enroll(name: str, ids: Any, X: Any, y: Any, idempotency_key: str | None) -> Call[Enrolled]:
+    """Enrol rows of ``X`` under ``ids`` (labels ``y``: a sequence with None for none, or None).
+    A generated ``Idempotency-Key`` makes a retry after a lost answer write nothing twice."""
+    rows = matrix(X, "X")
+    keys = item_ids(ids, len(rows))
+    given = [None] * len(rows) if y is None else y.tolist() if isinstance(y, np.ndarray) else y
+    if len(given) != len(rows):
+        raise ValueError(f"y: expected {len(rows)} labels, got {len(given)}")
+    items = []
+    for i, (item_id, x, lab) in enumerate(zip(keys, rows, given, strict=True)):
+        item: dict[str, Any] = {"id": item_id, "x": x}
+        if lab is not None:
+            item["y"] = label(lab, f"y[{i}]")
+        items.append(item)
+    return Call(
+        "POST",
+        _model_path(name, "/gallery"),
+        _enrolled,
+        {"items": items},
+        headers={"Idempotency-Key": idempotency_key or uuid.uuid4().hex},
+    )
+
+
+def _enrolled(response: httpx.Response) -> Enrolled:
+    doc = response.json()
+    replayed = response.headers.get("idempotent-replayed") == "true"
+    return Enrolled(int(doc["enrolled"]), int(doc["replaced"]), int(doc["size"]), replayed)
+
+
+def identify(
+    name: str, x: Any, k: int, threshold: float | None, min_version: int | None
+) -> Call[Identified]:
+    body: dict[str, Any] = {"x": vector(x, "x"), "k": int(k)}
+    if threshold is not None:
+        body["threshold"] = float(threshold)
+    return Call(
+        "POST",
+        _model_path(name, "/identify"),
+        lambda r: Identified.from_json(r.json()),
+        body,
+        _version_params(min_version),
+    )
+
+
+def identify_many(
+    name: str,
+    X: Any,
+    k: int,
+    threshold: float | None,
+    min_version: int | None,
+    binary: bool | None = None,
+) -> Call[IdentifiedMany]:
+    """Several vectors; ``binary`` None: an ``.npz`` body and answer when ``X`` is a 2-D numpy
+    array of at least :data:`BINARY_GALLERY_VALUES` values, else JSON."""
+    if binary is None:
+        binary = isinstance(X, np.ndarray) and X.ndim == 2 and X.size >= BINARY_GALLERY_VALUES
+    params = _version_params(min_version)
+    if not binary:
+        body: dict[str, Any] = {"xs": matrix(X, "X"), "k": int(k)}
+        if threshold is not None:
+            body["threshold"] = float(threshold)
+        parse = IdentifiedMany.from_json
+        return Call("POST", _model_path(name, "/identify"), lambda r: parse(r.json()), body, params)
+    params["k"] = int(k)
+    if threshold is not None:
+        params["threshold"] = float(threshold)
+    rows = finite(X, "X", 2, keep_float32=True)  # exact in the service's float64
+    buf = io.BytesIO()
+    np.savez(buf, xs=rows)
+    content, headers = buf.getvalue(), {"Content-Type": NPZ, "Accept": NPZ}
+    path = _model_path(name, "/identify")
+    return Call("POST", path, _identified_npz, params=params, headers=headers, content=content)
+
+
+def _identified_npz(response: httpx.Response) -> IdentifiedMany:
+    """The ``.npz`` answer of ``identify``: (m, k) arrays turned into matches."""
+    a = np.load(io.BytesIO(response.content), allow_pickle=False)
+    columns = (a[key].tolist() for key in ("ids", "y", "squared_distances", "same"))
+    results = [
+        [Match(i, y or None, sq, same) for i, y, sq, same in zip(*row, strict=True)]
+        for row in zip(*columns, strict=True)
+    ]
+    source = str(a["threshold_source"])
+    version, threshold, calibrated = int(a["version"]), float(a["threshold"]), bool(a["calibrated"])
+    return IdentifiedMany(results, version, threshold, source, calibrated)
+
+
+def gallery_list(name: str, cursor: str | None, limit: int | None) -> Call[GalleryPage]:
+    params: dict[str, Any] = {}
+    if cursor is not None:
+        params["cursor"] = cursor
+    if limit is not None:
+        params["limit"] = int(limit)
+    return Call("GET", _model_path(name, "/gallery"), _gallery_page, params=params)
+
+
+def _gallery_page(response: httpx.Response) -> GalleryPage:
+    doc = response.json()
+    return GalleryPage(int(doc["count"]), list(doc["ids"]), doc["next_cursor"])
+
+
+def gallery_delete(name: str, item_id: ItemId) -> Call[None]:
+    # Not replay safe: a retry of a delete that went through would answer 404.
+    path = _model_path(name, "/gallery/" + quote(str(item_id), safe=""))
+    return Call("DELETE", path, lambda r: None, replay_safe=False)

@@ -492,6 +492,49 @@ class AsyncOPMLClient:
         model = await self.get_model(name)
         return estimator_for(model, await self.metric(name, min_version=min_version))
 
+    # -- gallery and identification ---------------------------------------------------------
+
+    async def enroll(
+        self, name: str, ids: Any, X: Any, y: Any = None, *, idempotency_key: str | None = None
+    ) -> _wire.Enrolled:
+        """See :meth:`clients.OPMLClient.enroll`."""
+        return await self._send(_wire.enroll(name, ids, X, y, idempotency_key))
+
+    async def identify(
+        self,
+        name: str,
+        x: Any,
+        *,
+        k: int = 1,
+        threshold: float | None = None,
+        min_version: int | None = None,
+    ) -> _wire.Identified:
+        """See :meth:`clients.OPMLClient.identify`."""
+        return await self._send(_wire.identify(name, x, k, threshold, min_version))
+
+    async def identify_many(
+        self,
+        name: str,
+        X: Any,
+        *,
+        k: int = 1,
+        threshold: float | None = None,
+        min_version: int | None = None,
+        binary: bool | None = None,
+    ) -> _wire.IdentifiedMany:
+        """See :meth:`clients.OPMLClient.identify_many`."""
+        return await self._send(_wire.identify_many(name, X, k, threshold, min_version, binary))
+
+    async def gallery_list(
+        self, name: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> _wire.GalleryPage:
+        """See :meth:`clients.OPMLClient.gallery_list`."""
+        return await self._send(_wire.gallery_list(name, cursor, limit))
+
+    async def gallery_delete(self, name: str, item_id: int | str) -> None:
+        """See :meth:`clients.OPMLClient.gallery_delete`."""
+        await self._send(_wire.gallery_delete(name, item_id))
+
     # -- operations ----------------------------------------------------------------------------
 
     async def livez(self) -> dict[str, Any]:

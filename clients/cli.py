@@ -6,6 +6,9 @@
     opml ingest data.csv --model faces [--label-column kind | --labels y.txt] [--resume-file r]
     opml distance faces --a 0,0,1 --b 0,1,0 [--b 1,0,0 ...]
     opml verify faces --a 0,0,1 --b 0,1,0 [--threshold 0.5]
+    opml gallery add gallery.csv --model faces [--id-column name | --ids ids.txt] [--batch 1000]
+    opml gallery list faces | delete faces alice-0001
+    opml identify faces --x 0,0,1 [--k 5] [--threshold 0.5]
     opml metric export faces --format npy|json [-o L.npy]
     opml events faces [--count 10]
 
@@ -24,6 +27,12 @@ from the content of the input and the rows each frame holds, so running the same
 after an interruption sends nothing twice: frames the service logged before are acknowledged
 without being logged again. ``--resume-file`` also records the last acknowledged row, so a rerun
 skips straight past it (keep ``--batch`` unchanged between runs).
+
+``opml gallery add`` enrols the rows of a CSV/NPY/NPZ file, the item ids taken from a column
+(``--id-column``, the last by default) or a file of their own (``--ids``), in requests of
+``--batch`` rows. Each request's ``Idempotency-Key`` is derived from the input and its rows,
+so rerunning the command after an interruption writes nothing twice (an id already enrolled
+is replaced anyway).
 
 Exit codes:
     0  success
@@ -266,6 +275,59 @@ def cmd_verify(args: argparse.Namespace, client: OPMLClient) -> int:
     return EXIT_OK
 
 
+def cmd_gallery(args: argparse.Namespace, client: OPMLClient) -> int:
+    if args.action == "add":
+        from clients import datafile
+
+        data = datafile.load(
+            args.file,
+            label_column=args.id_column,
+            labels_path=args.ids,
+            x_key=args.x_key,
+            y_key=args.ids_key,
+        )
+        n, replaced, size = len(data.X), 0, 0
+        for lo in range(0, n, args.batch):
+            hi = min(lo + args.batch, n)
+            key = f"{data.digest}:{lo}-{hi}"  # a rerun's requests are replays
+            done = client.enroll(args.model, data.y[lo:hi], data.X[lo:hi], idempotency_key=key)
+            replaced, size = replaced + done.replaced, done.size
+        summary = {"model": args.model, "items": n, "replaced": replaced, "size": size}
+        human = f"{args.model}: {n} items enrolled ({replaced} replaced); the gallery holds {size}"
+        _emit(args, summary, human)
+    elif args.action == "list":
+        ids: list[int | str] = []
+        cursor = None
+        while True:
+            page = client.gallery_list(args.model, cursor=cursor, limit=1000)
+            ids += page.ids
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        human = "\n".join(str(i) for i in ids) + f"\n({len(ids)} items)"
+        _emit(args, {"count": len(ids), "ids": ids}, human)
+    else:
+        client.gallery_delete(args.model, args.id)
+        _emit(args, {"deleted": args.id}, f"deleted {args.id} from the gallery of {args.model}")
+    return EXIT_OK
+
+
+def cmd_identify(args: argparse.Namespace, client: OPMLClient) -> int:
+    found = client.identify(
+        args.model, args.x, k=args.k, threshold=args.threshold, min_version=args.min_version
+    )
+    lines = [
+        f"{m.id!s:<24} squared distance {m.squared_distance:<12.6g} "
+        f"{'same' if m.same else 'different'}" + ("" if m.y is None else f"  y={m.y}")
+        for m in found.matches
+    ]
+    lines.append(
+        f"(version {found.version}, threshold {found.threshold:.6g}: {found.threshold_source})"
+    )
+    _emit(args, found.raw, "\n".join(lines))
+    return EXIT_OK
+
+
 def cmd_metric(args: argparse.Namespace, client: OPMLClient) -> int:
     if args.format == "npy":
         if args.output is None and sys.stdout.isatty():
@@ -423,6 +485,30 @@ def build_parser() -> argparse.ArgumentParser:
     sub.choices["verify"].add_argument(
         "--threshold", type=float, help="squared-distance threshold (default: the model's)"
     )
+
+    gallery = sub.add_parser("gallery", help="enrol, list, delete gallery items")
+    gallery_actions = gallery.add_subparsers(dest="action", required=True)
+    add = gallery_actions.add_parser("add", parents=[common])
+    add.add_argument("file", type=Path)
+    add.add_argument("--model", required=True)
+    add.add_argument("--id-column", help="index or CSV header name of the ids (default: last)")
+    add.add_argument("--ids", type=Path, help="ids file (.npy, or one per line)")
+    add.add_argument("--x-key", default="X", help="NPZ array of vectors (default X)")
+    add.add_argument("--ids-key", default="ids", help="NPZ array of ids (default ids)")
+    add.add_argument("--batch", type=int, default=1000, help="items per request")
+    gallery_actions.add_parser("list", parents=[common]).add_argument("model")
+    remove = gallery_actions.add_parser("delete", parents=[common])
+    remove.add_argument("model")
+    remove.add_argument("id")
+    gallery.set_defaults(run=cmd_gallery)
+
+    identify = sub.add_parser("identify", help="the gallery items nearest to x", parents=[common])
+    identify.add_argument("model")
+    identify.add_argument("--x", type=_vector, required=True)
+    identify.add_argument("--k", type=int, default=1, help="matches (default 1)")
+    identify.add_argument("--threshold", type=float)
+    identify.add_argument("--min-version", type=int)
+    identify.set_defaults(run=cmd_identify)
 
     metric = sub.add_parser("metric", help="export L")
     metric_actions = metric.add_subparsers(dest="action", required=True)

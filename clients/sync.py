@@ -487,6 +487,51 @@ class OPMLClient:
         model = self.get_model(name)
         return estimator_for(model, self.metric(name, min_version=min_version))
 
+    # -- gallery and identification ---------------------------------------------------------
+
+    def enroll(
+        self, name: str, ids: Any, X: Any, y: Any = None, *, idempotency_key: str | None = None
+    ) -> _wire.Enrolled:
+        """Enrol the rows of ``X`` in the gallery under ``ids`` (ints or strings; an id already
+        enrolled is replaced), with optional labels ``y`` (None entries: no label)."""
+        return self._send(_wire.enroll(name, ids, X, y, idempotency_key))
+
+    def identify(
+        self,
+        name: str,
+        x: Any,
+        *,
+        k: int = 1,
+        threshold: float | None = None,
+        min_version: int | None = None,
+    ) -> _wire.Identified:
+        """The ``k`` gallery items nearest to ``x``, exactly, ascending (ties by id)."""
+        return self._send(_wire.identify(name, x, k, threshold, min_version))
+
+    def identify_many(
+        self,
+        name: str,
+        X: Any,
+        *,
+        k: int = 1,
+        threshold: float | None = None,
+        min_version: int | None = None,
+        binary: bool | None = None,
+    ) -> _wire.IdentifiedMany:
+        """:meth:`identify` for each row of ``X`` (``.npz`` both ways for a large numpy ``X``,
+        as :meth:`distances`)."""
+        return self._send(_wire.identify_many(name, X, k, threshold, min_version, binary))
+
+    def gallery_list(
+        self, name: str, *, cursor: str | None = None, limit: int | None = None
+    ) -> _wire.GalleryPage:
+        """A page of the gallery's ids and its item count (pass ``next_cursor`` on)."""
+        return self._send(_wire.gallery_list(name, cursor, limit))
+
+    def gallery_delete(self, name: str, item_id: int | str) -> None:
+        """Remove one item (:class:`~clients.errors.NotFound` if the id is not enrolled)."""
+        self._send(_wire.gallery_delete(name, item_id))
+
     # -- operations ----------------------------------------------------------------------------
 
     def livez(self) -> dict[str, Any]:

@@ -58,7 +58,7 @@ class Settings(BaseSettings):
 
     lean_path: bool = Field(
         default=True,
-        description="Answer the hot queries (distance, verify) on the lean path, without "
+        description="Answer the hot queries (distance, verify, identify) on the lean path, without "
         "FastAPI's per-request machinery (same parsers and answers; false: every request goes "
         "through its FastAPI route).",
     )
@@ -126,6 +126,12 @@ class Settings(BaseSettings):
         default=10_000, ge=1, description="Most classes (buffer rows) per model."
     )
     max_models: int = Field(default=1000, ge=1, description="Most models in one service.")
+    max_gallery: int = Field(
+        default=100_000,
+        ge=1,
+        description="Most items in one model's identification gallery (each costs 2 d float64 "
+        "in the process that serves it, G and G L^T, and d float64 in Redis).",
+    )
     ws_window: int = Field(
         default=32, ge=1, description="WS ingestion frames in flight per connection."
     )

@@ -38,7 +38,7 @@ from service.api.lean import LeanPath
 from service.api.limits import BodyLimit
 from service.api.main import api_router
 from service.config import Settings, get_settings
-from service.core import warm_up
+from service.core import gallery, warm_up
 from service.engine.registry import Registry
 from service.security import KeyRing
 from service.storage.store import Store, redacted_url
@@ -77,6 +77,7 @@ def compile_kernels() -> Future[None]:
         started = time.perf_counter()
         try:
             warm_up()
+            gallery.warm_up()
         except Exception as exc:  # reported by /readyz; the learners fail on their own
             log.exception("the learning kernels failed to compile")
             done.set_exception(exc)

@@ -105,6 +105,13 @@ UPDATE_DURATION = Histogram(
     ["model"],
     buckets=_FAST_BUCKETS,
 )
+GALLERY_REFRESH = Histogram(
+    "opml_gallery_refresh_seconds",
+    "Time to bring a model's transformed gallery (Z = G L^T) up to a new version of L, by "
+    "method (full: the whole product; incremental: the low-rank update of the steps since).",
+    ["model", "method"],
+    buckets=_FAST_BUCKETS,
+)
 VERIFY_DECISIONS = Counter(
     "opml_verify_decisions_total",
     "Verify answers by result (same/different) and threshold source (caller, calibrated, "
@@ -140,6 +147,8 @@ REDIS_ERRORS = Counter(
 REDIS_COMPONENTS = ("api", "ws", "writer", "loader", "readyz")
 #: Values of the ``transport`` label.
 TRANSPORTS = ("rest", "ws")
+#: Values of the ``method`` label of ``opml_gallery_refresh_seconds``.
+REFRESH_METHODS = ("full", "incremental")
 
 # The series without a model label, bound once (known label values start at 0, so increase()
 # works at once): failed Redis calls by component, open WebSockets and frame latency.
@@ -155,6 +164,7 @@ _PER_MODEL = (
     EVENTS_DROPPED,
     STEPS,
     UPDATE_DURATION,
+    GALLERY_REFRESH,
     VERIFY_DECISIONS,
     CHECKPOINT_DURATION,
     CHECKPOINTS_FENCED,
@@ -183,6 +193,7 @@ class ModelMetrics:
         self.name = name
         self.steps: dict[str, Counter] = {}
         self.update_duration = UPDATE_DURATION.labels(name)
+        self.gallery_refresh = {m: GALLERY_REFRESH.labels(name, m) for m in REFRESH_METHODS}
         self.checkpoint_duration = CHECKPOINT_DURATION.labels(name)
         self.checkpoints_fenced = CHECKPOINTS_FENCED.labels(name)
         self.replayed = REPLAYED.labels(name)

@@ -39,6 +39,8 @@ ROUTE_SCOPES: dict[tuple[str, str], KeyScope] = {
     ("DELETE", "/v1/models/{name}"): KeyScope.ADMIN,
     ("PUT", "/v1/models/{name}/metric"): KeyScope.ADMIN,
     ("POST", "/v1/models/{name}/samples"): KeyScope.INGEST,
+    ("POST", "/v1/models/{name}/gallery"): KeyScope.INGEST,
+    ("DELETE", "/v1/models/{name}/gallery/{item_id}"): KeyScope.INGEST,
     ("WS", "/v1/models/{name}/stream"): KeyScope.INGEST,
     ("GET", "/v1/models"): KeyScope.QUERY,
     ("GET", "/v1/models/{name}"): KeyScope.QUERY,
@@ -46,15 +48,29 @@ ROUTE_SCOPES: dict[tuple[str, str], KeyScope] = {
     ("POST", "/v1/models/{name}/distance"): KeyScope.QUERY,
     ("POST", "/v1/models/{name}/verify"): KeyScope.QUERY,
     ("POST", "/v1/models/{name}/transform"): KeyScope.QUERY,
+    ("GET", "/v1/models/{name}/gallery"): KeyScope.QUERY,
+    ("POST", "/v1/models/{name}/identify"): KeyScope.QUERY,
     ("WS", "/v1/models/{name}/events"): KeyScope.QUERY,
 }
 #: Everything outside it is open: ``/livez``, ``/readyz``, ``/metrics``, ``/docs``,
 #: ``/redoc``, ``/openapi.json`` (and unknown paths, which are 404 anyway).
 API_PREFIX = "/v1/"
 
+
+#: Path parameters that may span several segments (a gallery id may hold ``/``).
+_MULTI_SEGMENT = ("{item_id}",)
+
+
+def _pattern(template: str) -> re.Pattern[str]:
+    """A route template as a regex: a ``{parameter}`` is one path segment (or, in
+    :data:`_MULTI_SEGMENT`, the rest of the path)."""
+    for parameter in _MULTI_SEGMENT:
+        template = template.replace(parameter, "(?:.+)")
+    return re.compile("^" + re.sub(r"\{\w+\}", "[^/]+", template) + "$")
+
+
 _PATTERNS = [
-    (method, re.compile("^" + re.sub(r"\{\w+\}", "[^/]+", template) + "$"), scope)
-    for (method, template), scope in ROUTE_SCOPES.items()
+    (method, _pattern(template), scope) for (method, template), scope in ROUTE_SCOPES.items()
 ]
 
 
@@ -65,6 +81,8 @@ def required_scope(method: str, path: str) -> KeyScope | None:
     (<Scope.ADMIN: 'admin'>, None)
     >>> required_scope("PATCH", "/v1/models/faces")  # not in the table: fail closed
     <Scope.ADMIN: 'admin'>
+    >>> required_scope("DELETE", "/v1/models/faces/gallery/a/b")  # an id may hold a slash
+    <Scope.INGEST: 'ingest'>
     """
     for m, pattern, scope in _PATTERNS:
         if m == method and pattern.match(path):

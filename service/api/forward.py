@@ -46,7 +46,7 @@ from service.errors import NotFound, ServiceError, Unavailable
 HOP_HEADER = "x-opml-forwarded-by"
 SERVED_BY_HEADER = "x-opml-served-by"
 
-_MODEL_PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")(?:/([a-z]+))?")
+_MODEL_PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")(?:/([a-z]+)(?:/.+)?)?")
 #: Headers that describe one connection, not the request (RFC 9110 Sec. 7.6.1), or that the
 #: forwarding client sets itself.
 _HOP_BY_HOP = frozenset(

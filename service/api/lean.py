@@ -1,14 +1,16 @@
-"""The lean path of the hot queries, ``POST /v1/models/{name}/distance`` and ``/verify``: a pure
-optimisation, on by default (``OPML_LEAN_PATH``).
+"""The lean path of the hot queries, ``POST /v1/models/{name}/distance``, ``/verify`` and
+``/identify``: a pure optimisation, on by default (``OPML_LEAN_PATH``).
 
 FastAPI spends ~250 us of CPU per request on this machine before and after a route runs
-(matching every route, solving dependencies, serialising). :class:`LeanPath` answers the two hot
+(matching every route, solving dependencies, serialising). :class:`LeanPath` answers the hot
 queries without that machinery by calling the very functions their routes call
 (:func:`~service.api.routes.queries.answer_distance`, :func:`~service.api.routes.queries.
-answer_verify`) with the same raw parts: the body bytes, its ``Content-Type``, ``min_version``
-read by :func:`service.api.parsing.min_version` from the query string parsed as Starlette parses
-it, and ``Accept``. Whatever the request, valid or not, it gets the answer the route would give;
-errors are rendered by :func:`service.api.problems.problem_response`, as the app's handlers do.
+answer_verify`, :func:`~service.api.routes.gallery.answer_identify`) with the same raw parts:
+the body bytes, its ``Content-Type``, ``min_version`` read by
+:func:`service.api.parsing.min_version` from the query string parsed as Starlette parses it,
+``Accept``, and for ``identify`` the query string's ``k`` and ``threshold``. Whatever the
+request, valid or not, it gets the answer the route would give; errors are rendered by
+:func:`service.api.problems.problem_response`, as the app's handlers do.
 Requests it does not take (another path or method, a name that does not match the pattern, so
 that FastAPI answers 422 as usual) go to the application unchanged.
 
@@ -32,17 +34,19 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service import telemetry
 from service.api import parsing
 from service.api.problems import HttpError, from_redis, problem_response
-from service.api.routes import queries
+from service.api.routes import gallery, queries
 from service.api.schemas import NAME_PATTERN
 from service.engine.registry import Registry
 from service.errors import ServiceError
 
-_PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")/(distance|verify)")
+_PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")/(distance|verify|identify)")
 #: The routes this path stands in for (``scope["route"]``: the metrics label by template).
 _ROUTES = {
     route.path.rsplit("/", 1)[-1]: route
-    for route in queries.router.routes
-    if isinstance(route, APIRoute) and route.path.endswith(("/distance", "/verify"))
+    for route in (*queries.router.routes, *gallery.router.routes)
+    if isinstance(route, APIRoute)
+    and route.path.endswith(("/distance", "/verify", "/identify"))
+    and "POST" in (route.methods or ())
 }
 _COUNTERS = {what: telemetry.LEAN_REQUESTS.labels(route.path) for what, route in _ROUTES.items()}
 
@@ -74,12 +78,18 @@ class LeanPath:
         headers = Headers(scope=scope)
         try:
             body = await _read_body(receive)
-            min_version = parsing.min_version(QueryParams(scope["query_string"]).get("min_version"))
+            query = QueryParams(scope["query_string"])
+            min_version = parsing.min_version(query.get("min_version"))
             content_type = headers.get("content-type")
             if what == "distance":
                 return await queries.answer_distance(
                     models, name, min_version, content_type, body, headers.get("accept")
                 )
+            if what == "identify":
+                return await gallery.answer_identify(
+                    models, name, min_version, content_type, body, headers.get("accept"),
+                    query.get("k"), query.get("threshold"),
+                )  # fmt: skip
             return await queries.answer_verify(models, name, min_version, content_type, body)
         except ServiceError as exc:
             return problem_response(exc)

@@ -1,9 +1,10 @@
 """The one place where request bytes and values become what the engine and the core trust.
 
 * Bodies: :func:`json_body` (every JSON body of the API, through pydantic's one-pass
-  ``model_validate_json``), :func:`npz_arrays` (the binary gallery of ``distance``) and
-  :func:`distance_body` (either). Query parameters: :func:`min_version`. The FastAPI routes and
-  the lean path (:mod:`service.api.lean`) both call these, so they cannot disagree.
+  ``model_validate_json``), :func:`npz_arrays` (the binary bodies), :func:`distance_body` and
+  :func:`identify_body` (JSON or ``.npz`` each). Query parameters: :func:`min_version`. The
+  FastAPI routes and the lean path (:mod:`service.api.lean`) both call these, so they cannot
+  disagree.
 * Values: shapes and finiteness are checked by the core's validators
   (:mod:`service.core._validation`); their ``ValueError`` becomes a 422 problem whose
   ``errors`` item points at the bad field (``loc``).
@@ -22,7 +23,14 @@ from typing import IO, Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from service.api.schemas import MAX_LABEL_CHARS, DistanceBody, Sample
+from service.api.schemas import (
+    MAX_ID_CHARS,
+    MAX_LABEL_CHARS,
+    DistanceBody,
+    GalleryItem,
+    IdentifyBody,
+    Sample,
+)
 from service.core._validation import Array, check_matrix, check_metric, check_vector, label_key
 from service.errors import InvalidInput, UnsupportedMediaType
 
@@ -151,9 +159,96 @@ def distance_body(content_type: str | None, body: bytes, max_bytes: int) -> tupl
     return parsed.a, parsed.b
 
 
+#: Arrays of the ``.npz`` body of ``identify``: exactly one of them.
+IDENTIFY_NPZ = {"x": 1, "xs": 2}
+
+
+@dataclass(frozen=True)
+class IdentifyRequest:
+    """An ``identify`` body: its query rows as sent (a vector, a list of vectors, or an array
+    from an ``.npz`` body; checked against the model by :func:`query_rows`), whether it was
+    the ``xs`` form, ``k``, ``threshold``, and where ``k`` was given (``loc`` of its errors)."""
+
+    rows: Any
+    many: bool
+    k: int
+    threshold: float | None
+    k_loc: list[str | int]
+
+    @property
+    def loc(self) -> list[str | int]:
+        return ["body", "xs" if self.many else "x"]
+
+
+def identify_body(
+    content_type: str | None,
+    body: bytes,
+    max_bytes: int,
+    k: str | None = None,
+    threshold: str | None = None,
+) -> IdentifyRequest:
+    """An ``identify`` request: a JSON body ``{x | xs, k?, threshold?}``, or an ``.npz`` body
+    holding ``x`` (d,) or ``xs`` (n, d) with ``k`` and ``threshold`` from the query string.
+
+    >>> identify_body(None, b'{"x": [1, 2], "k": 2}', 1024).k
+    2
+    """
+    if check_media_type(content_type, (JSON, NPZ)) == NPZ:
+        arrays = npz_arrays(body, IDENTIFY_NPZ, max_bytes, required=False)
+        if len(arrays) != 1:
+            raise invalid(["body"], "holds either x, shape (d,), or xs, shape (n, d)")
+        ((name, rows),) = arrays.items()
+        return IdentifyRequest(rows, name == "xs", _count(k, ["query", "k"]),
+                               _threshold(threshold), ["query", "k"])  # fmt: skip
+    for given, param in ((k, "k"), (threshold, "threshold")):
+        if given is not None:
+            raise invalid(["query", param], f"with a JSON body, {param} goes in the body")
+    parsed = json_body(IdentifyBody, content_type, body)
+    many = parsed.xs is not None
+    return IdentifyRequest(parsed.xs if many else parsed.x, many, parsed.k, parsed.threshold,
+                           ["body", "k"])  # fmt: skip
+
+
+def _count(raw: str | None, loc: list[str | int]) -> int:
+    """An integer query parameter >= 1 (``k``; 1 when absent)."""
+    if raw is None:
+        return 1
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > _MAX_DIGITS or int(raw) < 1:
+        raise invalid(loc, "must be an integer >= 1")
+    return int(raw)
+
+
+def _threshold(raw: str | None) -> float | None:
+    """The ``threshold`` query parameter: a finite number >= 0 (None when absent)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise invalid(["query", "threshold"], "must be a finite number >= 0")
+    return value
+
+
+def query_rows(request: IdentifyRequest, dim: int) -> Array:
+    """The query rows of an identify request as a finite ``(m, dim)`` matrix."""
+    rows = request.rows
+    if not request.many:
+        return vector(rows, dim, request.loc)[None, :]
+    if isinstance(rows, np.ndarray):
+        return gallery(rows, dim, request.loc)
+    return matrix(rows, dim, request.loc)
+
+
+def wants(accept: str | None, media: str) -> bool:
+    """``Accept`` asks for ``media`` (``.npy`` or ``.npz`` bytes)."""
+    return bool(accept) and media in accept  # type: ignore[operator]
+
+
 def wants_npy(accept: str | None) -> bool:
     """``Accept`` asks for ``.npy`` bytes."""
-    return bool(accept) and NPY in accept  # type: ignore[operator]
+    return wants(accept, NPY)
 
 
 def _checked(loc: list[str | int], fn: Callable[[], T]) -> T:
@@ -263,6 +358,36 @@ def block(b: Block) -> tuple[Array, list[str]]:
     return X, [label(v, ["y", i]) for i, v in enumerate(b.y)]
 
 
+def gallery_items(
+    items: list[GalleryItem], dim: int
+) -> tuple[Array, list[int | str], list[str], list[int | str | None]]:
+    """The vectors, ids, keys (an integer id means its decimal string) and labels of an enrol
+    request, all validated before anything runs; ids must be distinct."""
+    loc: list[str | int] = ["body", "items"]
+    try:
+        X = np.array([item.x for item in items], dtype=np.float64)
+        ok = X.shape == (len(items), dim) and bool(np.isfinite(X).all())
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if not ok:  # say which row is wrong
+        X = np.empty((len(items), dim))
+        for i, item in enumerate(items):
+            X[i] = vector(item.x, dim, [*loc, i, "x"])
+    keys: list[str] = []
+    seen: dict[str, int] = {}
+    for i, item in enumerate(items):
+        key = str(item.id)
+        if len(key) > MAX_ID_CHARS:
+            raise invalid([*loc, i, "id"], f"an id has at most {MAX_ID_CHARS} characters")
+        if key in seen:
+            raise invalid([*loc, i, "id"], f"the same id as item {seen[key]} of this request")
+        seen[key] = i
+        keys.append(key)
+        if item.y is not None:
+            label(item.y, [*loc, i, "y"])
+    return X, [item.id for item in items], keys, [item.y for item in items]
+
+
 def finite_or_422(values: Array, what: str) -> Array:
     """``values`` if all finite; else 422 (a float64 overflow must not become JSON Infinity)."""
     if not np.isfinite(values).all():
@@ -280,9 +405,12 @@ def finite_or_422(values: Array, what: str) -> Array:
 _FLOAT_SIZES = (4, 8)
 
 
-def npz_arrays(data: bytes, shapes: dict[str, int], max_bytes: int) -> dict[str, Array]:
+def npz_arrays(
+    data: bytes, shapes: dict[str, int], max_bytes: int, *, required: bool = True
+) -> dict[str, Array]:
     """The float arrays ``name -> ndim`` of an ``.npz`` body (``np.savez``, stored or
-    compressed), as float64; a 422 problem naming the body or the array otherwise.
+    compressed), as float64; a 422 problem naming the body or the array otherwise. With
+    ``required=False`` an array missing from the body is left out of the answer.
 
     Nothing is unpickled or trusted: each member's ``.npy`` header is parsed first (float32 or
     float64 only, so an object array is never read), and its data is read only when the
@@ -304,6 +432,8 @@ def npz_arrays(data: bytes, shapes: dict[str, int], max_bytes: int) -> dict[str,
     for name, ndim in shapes.items():
         info = members.get(name + ".npy")
         if info is None:
+            if not required:
+                continue
             raise invalid(["body", name], "missing from the .npz archive")
         loc: list[str | int] = ["body", name]
         try:

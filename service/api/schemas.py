@@ -22,6 +22,8 @@ from pydantic_core import CoreSchema
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_LABEL_CHARS = 128
+MAX_ID_CHARS = 256
+
 LABEL_MESSAGE = f"a label is a string of 1-{MAX_LABEL_CHARS} characters or an integer"
 
 
@@ -270,6 +272,85 @@ class MetricBody(_Body):
 class MetricOut(BaseModel):
     L: list[list[float]]
     version: int
+
+
+#: A gallery item's id: a string of 1-256 characters or an integer (its decimal string: ``3``
+#: and ``"3"`` are one item).
+ItemId = Annotated[
+    StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=MAX_ID_CHARS)],
+    Field(examples=["alice-0001", 17]),
+]
+
+
+class GalleryItem(_Body):
+    id: ItemId
+    x: Vector
+    y: Label | None = Field(default=None, description="The item's label (class), if any.")
+
+
+class EnrolBody(_Body):
+    """``POST .../gallery``: items to enrol; an id already enrolled is replaced."""
+
+    items: list[GalleryItem] = Field(min_length=1)
+
+
+class Enrolled(BaseModel):
+    enrolled: int = Field(description="Items in the request.")
+    replaced: int = Field(description="Of them, how many replaced an item with the same id.")
+    size: int = Field(description="Items in the gallery after this enrol.")
+
+
+class GalleryPage(BaseModel):
+    count: int = Field(description="Items in the gallery.")
+    ids: list[int | str] = Field(description="This page's ids, in the order of their string form.")
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next page; null after the last."
+    )
+
+
+class IdentifyBody(_Body):
+    """``POST .../identify``: one vector ``x`` or a list ``xs``; its ``k`` nearest items."""
+
+    x: Vector | None = None
+    xs: Matrix | None = None
+    k: int = Field(default=1, ge=1, description="Matches per vector (at most the gallery size).")
+    threshold: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="Squared distance for `same`."
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> IdentifyBody:
+        if (self.x is None) == (self.xs is None):
+            raise ValueError("send either {x} or {xs: [...]}")
+        return self
+
+
+class MatchOut(BaseModel):
+    id: int | str
+    y: int | str | None
+    squared_distance: float
+    same: bool = Field(description="squared_distance <= threshold.")
+
+
+class _Decided(BaseModel):
+    version: int = Field(description="Seq of the last sample applied to the L that answered.")
+    threshold: float = Field(description="The threshold `same` was decided with.")
+    threshold_source: str = Field(
+        description='"caller", "calibrated", "fallback:window" or "fallback:margin".'
+    )
+    calibrated: bool
+
+
+class Identified(_Decided):
+    matches: list[MatchOut] = Field(description="Ascending squared distance, ties by id.")
+
+
+class MatchesOut(BaseModel):
+    matches: list[MatchOut]
+
+
+class IdentifiedMany(_Decided):
+    results: list[MatchesOut] = Field(description="One per row of xs, in order.")
 
 
 class Problem(BaseModel):

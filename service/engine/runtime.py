@@ -10,6 +10,7 @@ The parts, each in a module named for its job:
 * :mod:`service.engine.lease` -- whether this process owns the model (applies and checkpoints);
 * :mod:`service.engine.admission` -- learner backpressure before an append;
 * :mod:`service.engine.results` -- per-sample results for ``?wait=true``;
+* :mod:`service.engine.gallery` -- the identification gallery, kept transformed by ``L``;
 * :mod:`service.storage.group_commit` -- the model's append queue (one Lua call for the requests
   and frames that arrive together).
 """
@@ -32,6 +33,7 @@ from service.config import Settings
 from service.core import LearnerConfig
 from service.core._validation import Array
 from service.engine.admission import Admission, unapplied_limit
+from service.engine.gallery import Gallery
 from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import ModelClosed, Snapshot
@@ -115,6 +117,9 @@ class ModelRuntime:
         self.lease = Lease(store, name, owner_id, created_at, settings.lease_ttl_s)
         self.results = StepResultsKeeper()
         self.writer: Writer | None = None
+        #: The identification gallery, held by the process that learns the model (with its
+        #: writer, whose snapshots it follows).
+        self._gallery: Gallery | None = None
         self.admission = Admission(
             unapplied_limit(config.dim, settings.batch_max, settings.max_unapplied),
             self,
@@ -150,6 +155,14 @@ class ModelRuntime:
         return self.writer
 
     @property
+    def gallery(self) -> Gallery:
+        """The model's gallery (NotServedHere where another process learns the model)."""
+        self._writer()
+        if self._gallery is None:
+            raise NotServedHere(self.name)
+        return self._gallery
+
+    @property
     def snapshot(self) -> Snapshot:
         """The latest published snapshot (NotServedHere where another process learns)."""
         return self._writer().board.current
@@ -159,6 +172,8 @@ class ModelRuntime:
         taken = await self.lease.claim()
         if taken and self.writer is not None:
             self.writer.kick()  # a checkpoint may be due
+        if self._gallery is not None:  # changed through another process meanwhile?
+            await self._gallery.sync()
         return taken
 
     def activate(self) -> asyncio.Task[None]:
@@ -173,14 +188,19 @@ class ModelRuntime:
             self.results,
             self.metrics,
         )
-        self.writer = writer
+        gallery = Gallery(
+            self.name, self.config, self.store, self.settings, writer.board, self.metrics
+        )
+        self.writer, self._gallery = writer, gallery
 
         async def load() -> None:
             delay = 0.1
             while self.writer is writer:
                 try:
                     await writer.load()
+                    await gallery.load()
                     writer.start()
+                    gallery.start()
                     return
                 except RedisError as exc:
                     telemetry.REDIS_ERROR["loader"].inc()
@@ -204,9 +224,12 @@ class ModelRuntime:
         another process takes over at once. ``closing``: the model is being deleted (waiters
         get NotFound, not "moved")."""
         writer, self.writer = self.writer, None
+        gallery, self._gallery = self._gallery, None
         if self._loading is not None:
             await stop_task(self._loading)
             self._loading = None
+        if gallery is not None:
+            await gallery.stop()
         if writer is None:
             return
         try:

@@ -26,11 +26,21 @@ consuming a seq. "Has seq ``s`` been applied?" is then "is the applied position 
 >>> X, keys = decode_entry({b"x": encode_vector(np.ones(2)), b"y": b"a"}, 2)  # earlier layout
 >>> X.tolist(), keys
 ([[1.0, 1.0]], ['a'])
+
+A gallery item (the hash ``opml:{name}:gallery``, field = the item's key) is ``uint32 LE
+header length | JSON {"id", "y"} | d float64 values``: its id and label as enrolled (an integer
+stays an integer; ``y`` null when none) and its vector as sent (not normalised).
+
+>>> item_id, y, x = decode_gallery_item(encode_gallery_item(7, "ann", np.array([0.5, 1.0])), 2)
+>>> item_id, y, x.tolist()
+(7, 'ann', [0.5, 1.0])
 """
 
 from __future__ import annotations
 
 import json
+import struct
+from typing import Any
 
 import numpy as np
 
@@ -99,3 +109,21 @@ def format_id(entry: StreamId) -> str:
 def after(entry: StreamId) -> str:
     """The smallest id greater than ``entry`` (for XTRIM MINID / exclusive ranges)."""
     return f"{entry[0]}-{entry[1] + 1}"
+
+
+_ITEM_HEADER = struct.Struct("<I")
+
+
+def encode_gallery_item(item_id: int | str, y: Any, x: Array) -> bytes:
+    """A gallery item's stored value: its id and label as enrolled, then its vector."""
+    header = json.dumps({"id": item_id, "y": y}, separators=(",", ":"), ensure_ascii=False)
+    raw = header.encode()
+    return _ITEM_HEADER.pack(len(raw)) + raw + encode_vector(x)
+
+
+def decode_gallery_item(raw: bytes, d: int) -> tuple[int | str, Any, Array]:
+    """``(id, y, x)`` of a stored gallery item (ValueError if the bytes do not fit ``d``)."""
+    (size,) = _ITEM_HEADER.unpack_from(raw)
+    start = _ITEM_HEADER.size + size
+    header = json.loads(raw[_ITEM_HEADER.size : start])
+    return header["id"], header["y"], decode_vector(raw[start:], d)

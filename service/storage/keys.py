@@ -7,7 +7,7 @@ a key of its own, touched alone), and the pub/sub channel of appends.
 >>> ModelKeys("faces").log
 'opml:{faces}:log'
 >>> len(set(ModelKeys("faces").all()))
-9
+10
 """
 
 from __future__ import annotations
@@ -53,10 +53,11 @@ class ModelKeys:
 
     @property
     def meta(self) -> str:
-        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``, and
-        ``applied`` (the owner's last applied seq, published per batch), and with
-        ``OPML_REDIS_WAIT_REPLICAS`` > 0 ``confirmed`` (the log id up to which appends are
-        confirmed by replicas). The model exists if and only if this key does."""
+        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``,
+        ``applied`` (the owner's last applied seq, published per batch), ``gallery`` (count
+        of changes to the gallery: enrols and deletes), and with ``OPML_REDIS_WAIT_REPLICAS``
+        > 0 ``confirmed`` (the log id up to which appends are confirmed by replicas). The
+        model exists if and only if this key does."""
         return f"{self._base}:meta"
 
     @property
@@ -99,6 +100,12 @@ class ModelKeys:
         """Integer: the latest fencing token granted (INCR); checkpoints with an older one fail."""
         return f"{self._base}:fence"
 
+    @property
+    def gallery(self) -> str:
+        """Hash: the identification gallery, item key -> its id, label and vector (bytes laid
+        out by :func:`~service.storage.codec.encode_gallery_item`)."""
+        return f"{self._base}:gallery"
+
     def all(self) -> list[str]:
         """Every key of this model (DELETE removes exactly these)."""
         return [
@@ -111,4 +118,5 @@ class ModelKeys:
             self.buffer,
             self.lease,
             self.fence,
+            self.gallery,
         ]

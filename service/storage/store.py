@@ -83,6 +83,16 @@ redis.call('HSET', KEYS[1], 'config', ARGV[1], 'seq', 0, 'puts', 0, 'created_at'
 return 1
 """
 
+# Purge up to 64 expired idempotency records (``now``: the time in ms); shared by the scripts
+# that write records.
+_PURGE = """
+local expired = redis.call('ZRANGEBYSCORE', KEYS[{expiry}], '-inf', now, 'LIMIT', 0, 64)
+if #expired > 0 then
+  redis.call('HDEL', KEYS[{idem}], unpack(expired))
+  redis.call('ZREM', KEYS[{expiry}], unpack(expired))
+end
+"""
+
 # KEYS: meta, log, classes, idem, idem-exp
 # ARGV: now_ms, ttl_ms, max_classes, groups, channel, model name (published on the channel
 #       when anything was appended), then per group: idem field ('' = none), fingerprint,
@@ -92,14 +102,13 @@ return 1
 #       its n samples (see service.storage.codec).
 # -> {0} no model | {1, r1, r2, ...}, per group r = {1, first, last} | {2, "first last fingerprint"}
 #    replay | {3, classes} would exceed the class limit (that group alone: nothing of it logged)
-_APPEND = """
+_APPEND = (
+    """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local now = tonumber(ARGV[1])
-local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, 64)
-if #expired > 0 then
-  redis.call('HDEL', KEYS[4], unpack(expired))
-  redis.call('ZREM', KEYS[5], unpack(expired))
-end
+"""
+    + _PURGE.format(idem=4, expiry=5)
+    + """
 local ttl = tonumber(ARGV[2])
 local max_classes = tonumber(ARGV[3])
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
@@ -142,6 +151,48 @@ end
 redis.call('HSET', KEYS[1], 'seq', seq)
 if seq > first_seq then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return out
+"""
+)
+
+# KEYS: meta, gallery, idem, idem-exp
+# ARGV: now_ms, ttl_ms, max_items, idem field ('' = none), fingerprint, then item key / value
+#       pairs (distinct keys; a key already enrolled is replaced)
+# -> {0} no model | {1, changes, added, size} | {2, "fingerprint added size"} replay |
+#    {3, size} the gallery would exceed max_items (nothing written)
+_ENROL = (
+    """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+local now = tonumber(ARGV[1])
+"""
+    + _PURGE.format(idem=3, expiry=4)
+    + """
+local field = ARGV[4]
+if field ~= '' then
+  local prev = redis.call('HGET', KEYS[3], field)
+  if prev then return {2, prev} end
+end
+local added = 0
+for i = 6, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then added = added + 1 end
+end
+local size = redis.call('HLEN', KEYS[2])
+if size + added > tonumber(ARGV[3]) then return {3, size} end
+for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+local changes = redis.call('HINCRBY', KEYS[1], 'gallery', 1)
+size = size + added
+if field ~= '' then
+  redis.call('HSET', KEYS[3], field, string.format('%s %d %d', ARGV[5], added, size))
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), field)
+end
+return {1, changes, added, size}
+"""
+)
+
+# KEYS: meta, gallery; ARGV: item key -> {0} no model | {1, changes} | {2} no such item
+_DELETE_ITEM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+if redis.call('HDEL', KEYS[2], ARGV[1]) == 0 then return {2} end
+return {1, redis.call('HINCRBY', KEYS[1], 'gallery', 1)}
 """
 
 # KEYS: meta, log; ARGV: L bytes, channel, model name -> {0} | {1, entry id}
@@ -294,6 +345,31 @@ class Tail:
     entries: list[tuple[StreamId, dict[bytes, bytes]]]
     checkpoint_applied: StreamId | None
     checkpoint_time: float | None
+
+
+@dataclass(frozen=True)
+class Enrolled:
+    """Outcome of an enrol: ``added`` of its items were new (the others replaced items with
+    the same key), the gallery then held ``size`` items, and it was the ``changes``-th change
+    of the gallery (0 for a replay, which changed nothing)."""
+
+    added: int
+    size: int
+    changes: int
+    replayed: bool = False
+    fingerprint: str = ""
+
+
+class GalleryFull(Exception):
+    """Enrolling would exceed the gallery's size limit; it holds ``size`` items."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
+class NoSuchItem(Exception):
+    """No gallery item has that key."""
 
 
 class Fenced(Exception):
@@ -457,6 +533,8 @@ class Store:
         self._append = client.register_script(_APPEND)
         self._append_metric = client.register_script(_APPEND_METRIC)
         self._confirm = client.register_script(_CONFIRM)
+        self._enrol = client.register_script(_ENROL)
+        self._delete_item = client.register_script(_DELETE_ITEM)
         self._checkpoint = client.register_script(_CHECKPOINT)
         self._claim = client.register_script(_CLAIM)
         self._release = client.register_script(_RELEASE)
@@ -700,6 +778,73 @@ class Store:
             checkpoint_applied=None if ckpt_applied is None else parse_id(ckpt_applied),
             checkpoint_time=None if at is None else float(at),
         )
+
+    # -- the gallery ---------------------------------------------------------------------------
+
+    async def enrol(
+        self,
+        name: str,
+        items: dict[str, bytes],
+        *,
+        idempotency_field: str,
+        fingerprint: str,
+        now_ms: int,
+        ttl_ms: int,
+        max_items: int,
+    ) -> Enrolled:
+        """Write gallery items (key -> :func:`~service.storage.codec.encode_gallery_item`)
+        and the idempotency record, atomically; :class:`NoSuchModel`, :class:`GalleryFull`."""
+        keys = ModelKeys(name)
+        args: list[Any] = [now_ms, ttl_ms, max_items, idempotency_field, fingerprint]
+        for pair in items.items():
+            args += pair
+        out = await self._enrol(
+            keys=[keys.meta, keys.gallery, keys.idempotency, keys.idempotency_expiry], args=args
+        )
+        code = int(out[0])
+        if code == 0:
+            raise NoSuchModel(name)
+        if code == 3:
+            raise GalleryFull(int(out[1]))
+        if code == 2:
+            fp, added, size = out[1].decode().split(" ")
+            return Enrolled(int(added), int(size), 0, replayed=True, fingerprint=fp)
+        return Enrolled(int(out[2]), int(out[3]), int(out[1]), fingerprint=fingerprint)
+
+    async def delete_item(self, name: str, key: str) -> int:
+        """Remove a gallery item; the gallery's change count after it (:class:`NoSuchModel`,
+        :class:`NoSuchItem`)."""
+        keys = ModelKeys(name)
+        out = await self._delete_item(keys=[keys.meta, keys.gallery], args=[key])
+        code = int(out[0])
+        if code == 0:
+            raise NoSuchModel(name)
+        if code == 2:
+            raise NoSuchItem(key)
+        return int(out[1])
+
+    async def gallery_changes(self, name: str) -> int:
+        """How many times the gallery was changed (enrols and deletes, by any process)."""
+        raw = await self.client.hget(ModelKeys(name).meta, "gallery")
+        return int(raw) if raw is not None else 0
+
+    async def read_gallery(self, name: str, attempts: int = 5) -> tuple[int, dict[str, bytes]]:
+        """Every gallery item (key -> stored value) and the change count they are as of.
+
+        Read in chunks (``HSCAN``: a large gallery does not block Redis for one long reply);
+        the change count is read before and after, and the scan repeated (``attempts`` times)
+        if another process changed the gallery meanwhile.
+        """
+        keys = ModelKeys(name)
+        for _ in range(attempts):
+            before = await self.gallery_changes(name)
+            items: dict[str, bytes] = {}
+            async for field, value in self.client.hscan_iter(keys.gallery, count=1000):
+                items[field.decode()] = value
+            after = await self.gallery_changes(name)
+            if after == before:
+                break
+        return after, items
 
     # -- checkpoints ---------------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ SHARED_ENV = {
     "OPML_MAX_BODY_BYTES": "200000",
     "OPML_MIN_VERSION_WAIT_S": "3",  # a read-your-writes wait must not flake on a busy machine
     "OPML_CHECKPOINT_EVERY": "64",
+    "OPML_MAX_GALLERY": "300",
 }
 
 
