@@ -8,6 +8,10 @@
 * Values: shapes and finiteness are checked by the core's validators
   (:mod:`service.core._validation`); their ``ValueError`` becomes a 422 problem whose
   ``errors`` item points at the bad field (``loc``).
+
+Why one module of this length: being the single parser of every body type is its point (the
+route and the lean path cannot disagree when there is one); split by body type, the shared
+pieces (row checks, ``loc`` wording, ``.npz`` reading) would have to live in a third module.
 """
 
 from __future__ import annotations

@@ -37,6 +37,10 @@ the writers read the log only up to it: an entry that is in the master alone is 
 a failover that loses it cannot leave a learner ahead of the surviving log. An append refused
 for lack of replicas stays in the master's log unapplied until a later confirmed append (its
 retry with the same idempotency key, or any other) covers it.
+
+Why one module of this length: it is the only file that speaks Redis, and most of it is the Lua
+scripts, each next to the method that runs it; splitting it would put a script and its caller
+(and the key layout both rely on) in different files.
 """
 
 from __future__ import annotations
