@@ -31,6 +31,10 @@ run benchmarks.core_timing $QUICK       # results/core_timing[_quick].{md,json}
 run benchmarks.service_load $QUICK      # results/service_load[_quick].{md,json,png}, profile
 run benchmarks.replicas $QUICK          # results/replicas[_quick].{md,json}: Redis Cluster, WAIT
 run benchmarks.identify $QUICK          # results/identify[_quick].{md,json} (faiss if installed)
+# Scale-out beside the code before it (7a256ae: every process replayed every model).
+BEFORE=${OPML_BEFORE_SCALE_OUT:-$ROOT/../opml-before-scale-out}
+[[ -d $BEFORE ]] || git worktree add --detach "$BEFORE" 7a256ae
+run benchmarks.scale_out --baseline-root "$BEFORE" $QUICK   # results/scale_out[_quick].{md,json}
 if [[ -n $QUICK ]]; then
     echo "quick run: paper tables and soak skipped (no quick mode)"
     exit 0
