@@ -488,26 +488,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     gallery = sub.add_parser("gallery", help="enrol, list, delete gallery items")
     gallery_actions = gallery.add_subparsers(dest="action", required=True)
-    add = gallery_actions.add_parser("add", parents=[common])
-    add.add_argument("file", type=Path)
-    add.add_argument("--model", required=True)
+    add = gallery_actions.add_parser("add", parents=[common], help="enrol the items of a file")
+    add.add_argument("file", type=Path, help="CSV, .npy or .npz file of vectors (and ids)")
+    add.add_argument("--model", required=True, help="model name")
     add.add_argument("--id-column", help="index or CSV header name of the ids (default: last)")
     add.add_argument("--ids", type=Path, help="ids file (.npy, or one per line)")
     add.add_argument("--x-key", default="X", help="NPZ array of vectors (default X)")
     add.add_argument("--ids-key", default="ids", help="NPZ array of ids (default ids)")
     add.add_argument("--batch", type=int, default=1000, help="items per request")
-    gallery_actions.add_parser("list", parents=[common]).add_argument("model")
-    remove = gallery_actions.add_parser("delete", parents=[common])
-    remove.add_argument("model")
-    remove.add_argument("id")
+    listing = gallery_actions.add_parser("list", parents=[common], help="every item id")
+    listing.add_argument("model", help="model name")
+    remove = gallery_actions.add_parser("delete", parents=[common], help="remove one item")
+    remove.add_argument("model", help="model name")
+    remove.add_argument("id", help="the item's id")
     gallery.set_defaults(run=cmd_gallery)
 
     identify = sub.add_parser("identify", help="the gallery items nearest to x", parents=[common])
-    identify.add_argument("model")
-    identify.add_argument("--x", type=_vector, required=True)
+    identify.add_argument("model", help="model name")
+    identify.add_argument("--x", type=_vector, required=True, help="the query vector, e.g. 1,0,2")
     identify.add_argument("--k", type=int, default=1, help="matches (default 1)")
-    identify.add_argument("--threshold", type=float)
-    identify.add_argument("--min-version", type=int)
+    identify.add_argument(
+        "--threshold", type=float, help="threshold of 'same' (default: the model's)"
+    )
+    identify.add_argument(
+        "--min-version", type=int, help="answer once the model has applied this seq"
+    )
     identify.set_defaults(run=cmd_identify)
 
     metric = sub.add_parser("metric", help="export L")

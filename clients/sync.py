@@ -492,8 +492,7 @@ class OPMLClient:
     def enroll(
         self, name: str, ids: Any, X: Any, y: Any = None, *, idempotency_key: str | None = None
     ) -> _wire.Enrolled:
-        """Enrol the rows of ``X`` in the gallery under ``ids`` (ints or strings; an id already
-        enrolled is replaced), with optional labels ``y`` (None entries: no label)."""
+        """See :meth:`clients.OPMLClient.enroll`."""
         return self._send(_wire.enroll(name, ids, X, y, idempotency_key))
 
     def identify(
@@ -505,7 +504,7 @@ class OPMLClient:
         threshold: float | None = None,
         min_version: int | None = None,
     ) -> _wire.Identified:
-        """The ``k`` gallery items nearest to ``x``, exactly, ascending (ties by id)."""
+        """See :meth:`clients.OPMLClient.identify`."""
         return self._send(_wire.identify(name, x, k, threshold, min_version))
 
     def identify_many(
@@ -518,18 +517,17 @@ class OPMLClient:
         min_version: int | None = None,
         binary: bool | None = None,
     ) -> _wire.IdentifiedMany:
-        """:meth:`identify` for each row of ``X`` (``.npz`` both ways for a large numpy ``X``,
-        as :meth:`distances`)."""
+        """See :meth:`clients.OPMLClient.identify_many`."""
         return self._send(_wire.identify_many(name, X, k, threshold, min_version, binary))
 
     def gallery_list(
         self, name: str, *, cursor: str | None = None, limit: int | None = None
     ) -> _wire.GalleryPage:
-        """A page of the gallery's ids and its item count (pass ``next_cursor`` on)."""
+        """See :meth:`clients.OPMLClient.gallery_list`."""
         return self._send(_wire.gallery_list(name, cursor, limit))
 
     def gallery_delete(self, name: str, item_id: int | str) -> None:
-        """Remove one item (:class:`~clients.errors.NotFound` if the id is not enrolled)."""
+        """See :meth:`clients.OPMLClient.gallery_delete`."""
         self._send(_wire.gallery_delete(name, item_id))
 
     # -- operations ----------------------------------------------------------------------------

@@ -83,9 +83,10 @@ def test_a_service_that_cannot_start_raises_with_its_log_and_leaves_nothing(
     tmp_path: Path, redis_url: str
 ) -> None:
     svc = ServiceProcess(tmp_path, redis_url, OPML_REDIS_TIMEOUT_S="0")  # must be > 0
-    with pytest.raises(RuntimeError, match=r"status 1 before it was ready(.|\n)*redis_timeout_s"):
+    refused = r"status 2 before it was ready(.|\n)*OPML_REDIS_TIMEOUT_S"
+    with pytest.raises(RuntimeError, match=refused):
         svc.start()
-    assert svc.returncode == 1 and group_gone(svc.pid)
+    assert svc.returncode == 2 and group_gone(svc.pid)  # 2: a usage error (service.__main__)
 
 
 def test_the_callers_opml_variables_do_not_reach_the_service(
