@@ -73,7 +73,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.forwarder = Forwarder(
         models.owner_id, settings.apply_wait_s + settings.min_version_wait_s + 10
     )
-    observe.watch(lambda: [rt.status() for rt in models.runtimes.values() if rt.serving])
+    observe.watch(
+        lambda: [rt.status() for rt in models.runtimes.values() if rt.serving],
+        settings.certificate_false_accept_target,
+    )
     models.start()
     try:
         yield

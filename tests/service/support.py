@@ -36,6 +36,9 @@ SHARED_ENV = {
     "OPML_MAX_BODY_BYTES": "200000",
     "OPML_MIN_VERSION_WAIT_S": "3",  # a read-your-writes wait must not flake on a busy machine
     "OPML_CHECKPOINT_EVERY": "64",
+    # certificate gauges of the models that hold samples out (test_certificates, the alert)
+    "OPML_CERTIFICATE_EVERY": "100",
+    "OPML_CERTIFICATE_FALSE_ACCEPT_TARGET": "0.05",
 }
 
 
