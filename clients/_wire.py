@@ -24,6 +24,7 @@ from clients.retry import RetryPolicy
 from clients.types import (
     Ack,
     Array,
+    Certificate,
     Distance,
     Distances,
     Ingested,
@@ -120,10 +121,24 @@ def labels(values: Any, n: int) -> list[Label]:
     return [label(v, f"y[{i}]") for i, v in enumerate(seq)]
 
 
-def samples(X: Any, y: Any) -> list[dict[str, Any]]:
-    """Rows of ``X`` with their labels as ``[{x, y}, ...]``."""
+def samples(X: Any, y: Any, holdout: Any = None) -> list[dict[str, Any]]:
+    """Rows of ``X`` with their labels as ``[{x, y}, ...]``; ``holdout``: booleans, True for
+    the rows to route to the certification reservoir (``"holdout": true``).
+
+    >>> samples([[1.0], [2.0]], ["a", "b"], holdout=[False, True])[1]
+    {'x': [2.0], 'y': 'b', 'holdout': True}
+    """
     rows = matrix(X, "X")
-    return sample_docs(rows, labels(y, len(rows)))
+    docs = sample_docs(rows, labels(y, len(rows)))
+    if holdout is not None:
+        flags = np.asarray(holdout)
+        if flags.dtype != np.bool_ or flags.shape != (len(rows),):
+            raise ValueError(
+                f"holdout: expected {len(rows)} booleans, got {flags.dtype}{flags.shape}"
+            )
+        for i in np.flatnonzero(flags):
+            docs[i]["holdout"] = True
+    return docs
 
 
 def sample_docs(rows: list[list[float]], ys: list[Label]) -> list[dict[str, Any]]:
@@ -309,6 +324,20 @@ def put_metric(name: str, L: Any) -> Call[Model]:
         _model_path(name, "/metric"),
         lambda r: Model.from_json(r.json()),
         {"L": matrix(L, "L")},
+    )
+
+
+def certificate(
+    name: str, delta: float, method: str, threshold: float | None, min_version: int | None
+) -> Call[Certificate]:
+    params: dict[str, Any] = {"delta": float(delta), "method": method}
+    if threshold is not None:
+        params["threshold"] = float(threshold)
+    return Call(
+        "GET",
+        _model_path(name, "/certificate"),
+        lambda r: Certificate.from_json(r.json()),
+        params={**params, **_version_params(min_version)},
     )
 
 
