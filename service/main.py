@@ -98,6 +98,9 @@ Client frames are JSON text, `{"id", "samples": [{x, y}, ...]}` or `{"id", "x", 
     uint32 little-endian H | H bytes of UTF-8 JSON {"id": <frame id>, "y": [label, ...]} |
     len(y) x dim float64 little-endian values, row-major (one row per label)
 
+(the header may add `"holdout": [bool, ...]`, one per label, as JSON samples carry
+`"holdout": true`: those samples go to the certification reservoir, never learned)
+
 A binary frame means exactly the JSON frame with the same id and samples (the two encodings
 share idempotency: a resend in either is acknowledged with the original seqs). A malformed one
 (short, header not JSON, block of the wrong length, NaN/Inf in the block: `errors[0].loc =

@@ -34,7 +34,6 @@ from service.core._validation import Array
 from service.core.certificates import Certificate, Method
 from service.core.holdout import Flags
 from service.engine.admission import Admission, unapplied_limit
-from service.engine.certify import certify
 from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import ModelClosed, Snapshot
@@ -254,7 +253,7 @@ class ModelRuntime:
             owner=self.lease.held,
             fencing_token=self.lease.token,
             staleness_s=None if w.synced_at is None else max(0.0, time.monotonic() - w.synced_at),
-            certificate=w.certificate,
+            certificate=w.latest_certificate,
         )
 
     # -- progress of the learner (for admission control) --------------------------------------
@@ -420,4 +419,4 @@ class ModelRuntime:
         """The certificate of the latest snapshot (after waiting, bounded, for
         ``min_version``); arguments already validated (:mod:`service.engine.certify`)."""
         await self.read(min_version)
-        return await certify(await self._writer().frozen_holdout(), delta, method, threshold)
+        return await self._writer().certificate(delta, method, threshold)

@@ -45,7 +45,7 @@ from redis.exceptions import RedisError
 from service import telemetry
 from service.config import Settings
 from service.core import Learner, LearnerConfig, StepResults
-from service.core.certificates import Certificate
+from service.core.certificates import Certificate, Method
 from service.core.holdout import Holdout
 from service.engine.admission import samples_per_batch
 from service.engine.certify import certify
@@ -120,8 +120,10 @@ class Writer:
         #: Held while the learner changes (a batch, from reading it to publishing its
         #: snapshot), so a copy taken under it matches the published snapshot.
         self._learning = asyncio.Lock()
+        #: One certificate at a time per model: at most one copy of its held-out state.
+        self._one_certificate = asyncio.Lock()
         #: The latest periodic certificate (OPML_CERTIFICATE_EVERY; None: none yet, or off).
-        self.certificate: Certificate | None = None
+        self.latest_certificate: Certificate | None = None
         self._certified_version = 0  # version of the latest periodic certificate attempt
         self._certifying: asyncio.Task[None] | None = None
 
@@ -283,9 +285,18 @@ class Writer:
             holdout = await asyncio.to_thread(copy.deepcopy, self.learner.holdout)
             return self.board.current, holdout
 
+    async def certificate(
+        self, delta: float, method: Method, threshold: float | None
+    ) -> Certificate:
+        """The certificate of the current snapshot (:func:`~service.engine.certify.certify`;
+        arguments already validated). Requests for one model take turns, so a burst holds
+        one copy of the reservoir, not one per request."""
+        async with self._one_certificate:
+            return await certify(await self.frozen_holdout(), delta, method, threshold)
+
     def _certificate_due(self, version: int) -> None:
         """Every OPML_CERTIFICATE_EVERY versions (when the model holds samples out), refresh
-        :attr:`certificate` in the background (one at a time; the gauges read it)."""
+        :attr:`latest_certificate` in the background (one at a time; the gauges read it)."""
         every = self.settings.certificate_every
         if not every or version // every <= self._certified_version // every:
             return
@@ -301,7 +312,7 @@ class Writer:
     async def _refresh_certificate(self) -> None:
         try:
             delta = self.settings.certificate_delta
-            self.certificate = await certify(await self.frozen_holdout(), delta, "binomial", None)
+            self.latest_certificate = await self.certificate(delta, "binomial", None)
         except NotCertifiable as exc:  # too few held-out samples yet: no gauges until then
             log.debug("%s: no certificate yet (%s)", self.name, exc.detail)
         except Exception:
