@@ -228,7 +228,11 @@ class Accepted(BaseModel):
 
 class StepOut(BaseModel):
     seq: int
-    outcome: str
+    outcome: str = Field(
+        description="new_class, pair_update, triplet_update, shrunk_update, passive, "
+        "single_class, skipped, or held_out (routed to the certification reservoir: not "
+        "learned; hinge and distances null)."
+    )
     hinge: float | None
     d_pos: float | None
     d_neg: float | None
