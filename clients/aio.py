@@ -160,11 +160,14 @@ class AsyncStream:
         self._window.connected(_wire.frames_header(self._ws))
         return self._ws
 
-    async def send(self, X: Any, y: Any, *, frame_id: int | str | None = None) -> int | str:
+    async def send(
+        self, X: Any, y: Any, *, frame_id: int | str | None = None, holdout: Any = None
+    ) -> int | str:
         """Send the rows of ``X`` with labels ``y`` as one frame (or one sample: ``X`` 1-D and
         ``y`` a label); its id is returned. Ids are generated unless given; a given id must be
-        unique on the model, as the service de-duplicates by it."""
-        frame = self._window.frame(X, y, frame_id)
+        unique on the model, as the service de-duplicates by it. ``holdout``: booleans (one
+        bool for one sample), True for rows to route to the certification reservoir."""
+        frame = self._window.frame(X, y, frame_id, holdout)
         while self._window.full:
             await self._receive(self._ack_timeout)
         self._window.add(frame)

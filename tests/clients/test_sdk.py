@@ -472,3 +472,20 @@ def test_certificate_sync_and_async_equal_the_core(
 
     kl = reference.certificate(method="kl").triplet_error.bound
     assert asyncio.run(run()) == kl
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_stream_frames_carry_holdout_flags(client: OPMLClient, name: str, binary: bool) -> None:
+    X, y = stream(300, 3, 3, seed=22)
+    flags = np.arange(300) % 4 == 0
+    client.create_model(name, 3, gamma=0.01, seed=5)
+    with client.stream(name, binary=binary) as s:
+        for lo in range(0, 290, 58):
+            s.send(X[lo : lo + 58], y[lo : lo + 58], holdout=flags[lo : lo + 58])
+        for i in range(290, 300):  # single-sample frames
+            s.send(X[i], y[i], holdout=bool(flags[i]))
+    reference = Learner(LearnerConfig(dim=3, gamma=0.01, seed=5))
+    reference.learn_many(X, y, holdout=flags)
+    np.testing.assert_array_equal(client.metric(name, min_version=300), reference.L)
+    model = client.get_model(name)  # logged when the stream closed; applied now (min_version)
+    assert model.updates["held_out"] == flags.sum() == reference.counts["held_out"]
