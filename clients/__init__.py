@@ -41,6 +41,8 @@ if TYPE_CHECKING:
     from clients.sync import OPMLClient, Stream
     from clients.types import (
         Ack,
+        Certificate,
+        CertifiedRate,
         Distance,
         Distances,
         Event,
@@ -60,6 +62,8 @@ __all__ = [
     "AsyncOPMLClient",
     "AsyncStream",
     "BadRequest",
+    "Certificate",
+    "CertifiedRate",
     "Conflict",
     "ConnectionFailed",
     "Distance",
@@ -95,6 +99,8 @@ _MODULE_OF = {
     "Stream": "sync",
     "RetryPolicy": "retry",
     "Ack": "types",
+    "Certificate": "types",
+    "CertifiedRate": "types",
     "Distance": "types",
     "Distances": "types",
     "Event": "types",

@@ -24,6 +24,7 @@ from clients.retry import RetryPolicy
 from clients.types import (
     Ack,
     Array,
+    Certificate,
     Distance,
     Distances,
     Ingested,
@@ -120,15 +121,45 @@ def labels(values: Any, n: int) -> list[Label]:
     return [label(v, f"y[{i}]") for i, v in enumerate(seq)]
 
 
-def samples(X: Any, y: Any) -> list[dict[str, Any]]:
-    """Rows of ``X`` with their labels as ``[{x, y}, ...]``."""
+def samples(X: Any, y: Any, holdout: Any = None) -> list[dict[str, Any]]:
+    """Rows of ``X`` with their labels as ``[{x, y}, ...]``; ``holdout``: booleans, True for
+    the rows to route to the certification reservoir (``"holdout": true``).
+
+    >>> samples([[1.0], [2.0]], ["a", "b"], holdout=[False, True])[1]
+    {'x': [2.0], 'y': 'b', 'holdout': True}
+    """
     rows = matrix(X, "X")
-    return sample_docs(rows, labels(y, len(rows)))
+    return sample_docs(rows, labels(y, len(rows)), holdout_flags(holdout, len(rows)))
 
 
-def sample_docs(rows: list[list[float]], ys: list[Label]) -> list[dict[str, Any]]:
-    """``[{x, y}, ...]`` of rows already checked and their labels."""
-    return [{"x": x, "y": lab} for x, lab in zip(rows, ys, strict=True)]
+def holdout_flags(value: Any, n: int) -> list[bool] | None:
+    """``n`` booleans (True: to the certification reservoir) from a sequence or array, or None
+    when none is set; one boolean applies to all ``n``.
+
+    >>> holdout_flags(np.array([False, True]), 2), holdout_flags(None, 2), holdout_flags(True, 2)
+    ([False, True], None, [True, True])
+    """
+    if value is None or value is False:
+        return None
+    if value is True:
+        return [True] * n
+    flags = np.asarray(value)
+    if flags.dtype != np.bool_ or flags.shape != (n,):
+        got = f"{flags.dtype} of shape {flags.shape}"
+        raise ValueError(f"holdout: expected {n} booleans, got {got}")
+    return flags.tolist() if flags.any() else None
+
+
+def sample_docs(
+    rows: list[list[float]], ys: list[Label], holdout: list[bool] | None = None
+) -> list[dict[str, Any]]:
+    """``[{x, y}, ...]`` of rows already checked and their labels (``holdout: true`` on the
+    flagged ones)."""
+    docs: list[dict[str, Any]] = [{"x": x, "y": lab} for x, lab in zip(rows, ys, strict=True)]
+    for doc, held in zip(docs, holdout or [], strict=False):
+        if held:
+            doc["holdout"] = True
+    return docs
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -312,6 +343,20 @@ def put_metric(name: str, L: Any) -> Call[Model]:
     )
 
 
+def certificate(
+    name: str, delta: float, method: str, threshold: float | None, min_version: int | None
+) -> Call[Certificate]:
+    params: dict[str, Any] = {"delta": float(delta), "method": method}
+    if threshold is not None:
+        params["threshold"] = float(threshold)
+    return Call(
+        "GET",
+        _model_path(name, "/certificate"),
+        lambda r: Certificate.from_json(r.json()),
+        params={**params, **_version_params(min_version)},
+    )
+
+
 def livez() -> Call[dict[str, Any]]:
     return Call("GET", "/livez", _json_of)
 
@@ -432,15 +477,20 @@ def frames_header(ws: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def binary_frame(frame_id: FrameId, X: Array, y: list[Label]) -> bytes:
-    """A binary ``/stream`` frame: ``uint32 LE header length | JSON {"id", "y"} | X`` as
-    little-endian float64, row-major (one row per label).
+def binary_frame(
+    frame_id: FrameId, X: Array, y: list[Label], holdout: list[bool] | None = None
+) -> bytes:
+    """A binary ``/stream`` frame: ``uint32 LE header length | JSON {"id", "y"[, "holdout"]}
+    | X`` as little-endian float64, row-major (one row per label).
 
     >>> data = binary_frame(7, np.array([[1.0, 2.0]]), ["a"])
     >>> int.from_bytes(data[:4], "little"), data[4:22], len(data)
     (18, b'{"id":7,"y":["a"]}', 38)
     """
-    header = json.dumps({"id": frame_id, "y": y}, separators=(",", ":")).encode()
+    head: dict[str, Any] = {"id": frame_id, "y": y}
+    if holdout is not None:
+        head["holdout"] = holdout
+    header = json.dumps(head, separators=(",", ":")).encode()
     block = np.ascontiguousarray(X, dtype="<f8").tobytes()
     return _HEADER_LEN.pack(len(header)) + header + block
 
@@ -451,7 +501,7 @@ def json_frame(data: bytes) -> str:
     (size,) = _HEADER_LEN.unpack_from(data)
     head = json.loads(data[_HEADER_LEN.size : _HEADER_LEN.size + size])
     X = np.frombuffer(data[_HEADER_LEN.size + size :], dtype="<f8").reshape(len(head["y"]), -1)
-    doc = {"id": head["id"], "samples": sample_docs(X.tolist(), head["y"])}
+    doc = {"id": head["id"], "samples": sample_docs(X.tolist(), head["y"], head.get("holdout"))}
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -510,8 +560,9 @@ class Window:
     def full(self) -> bool:
         return len(self.pending) >= self.size
 
-    def frame(self, X: Any, y: Any, frame_id: FrameId | None) -> Frame:
-        """A frame of the rows of ``X`` (2-D) or of one sample (``X`` 1-D, ``y`` a label)."""
+    def frame(self, X: Any, y: Any, frame_id: FrameId | None, holdout: Any = None) -> Frame:
+        """A frame of the rows of ``X`` (2-D) or of one sample (``X`` 1-D, ``y`` a label);
+        ``holdout``: the rows (or the sample: a bool) to route to the certification reservoir."""
         if frame_id is None:
             self._count += 1
             frame_id = f"{self._prefix}-{self._count}"
@@ -525,13 +576,16 @@ class Window:
             got = f"x: has {arr.shape[1]} values" if one else f"X: has {arr.shape[1]} columns"
             raise ValueError(f"{got}, model {self.model} has dim {self.dim}")
         ys = [label(y)] if one else labels(y, len(arr))
+        held = holdout_flags(holdout, len(ys))
         if self.use_binary:
-            return Frame(frame_id, binary_frame(frame_id, arr, ys), len(ys))
+            return Frame(frame_id, binary_frame(frame_id, arr, ys, held), len(ys))
         doc: dict[str, Any] = {"id": frame_id}
         if one:  # the contract's single-sample frame
             doc.update(x=arr[0].tolist(), y=ys[0])
+            if held:
+                doc["holdout"] = True
         else:
-            doc["samples"] = sample_docs(arr.tolist(), ys)
+            doc["samples"] = sample_docs(arr.tolist(), ys, held)
         return Frame(frame_id, json.dumps(doc, separators=(",", ":")), len(ys))
 
     def add(self, frame: Frame) -> None:

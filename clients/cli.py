@@ -10,6 +10,7 @@
     opml gallery list faces | delete faces alice-0001
     opml identify faces --x 0,0,1 [--k 5] [--threshold 0.5]
     opml metric export faces --format npy|json [-o L.npy]
+    opml certificate faces [--delta 0.05] [--method binomial|kl|pac-bayes] [--threshold 2.5]
     opml events faces [--count 10]
 
 The service address comes from ``--url`` or ``$OPML_URL`` (default http://127.0.0.1:8000);
@@ -39,7 +40,7 @@ Exit codes:
     1  any other failure (a 5xx answer, an unexpected error)
     2  usage error (bad arguments)
     3  not found (no such model)
-    4  conflict (the model exists)
+    4  conflict (the model exists; certificate: too few held-out samples yet)
     5  invalid input (a 400/413/422 answer, a rejected frame, an unreadable data file)
     6  service unavailable (503 or no connection, after the retries)
     7  not authorized (401: no or unknown API key, 403: the key lacks the scope)
@@ -328,6 +329,27 @@ def cmd_identify(args: argparse.Namespace, client: OPMLClient) -> int:
     return EXIT_OK
 
 
+def cmd_certificate(args: argparse.Namespace, client: OPMLClient) -> int:
+    c = client.certificate(
+        args.model,
+        delta=args.delta,
+        method=args.method,
+        threshold=args.threshold,
+        min_version=args.min_version,
+    )
+    rows = [
+        f"{label:<18} <= {rate.bound:.4f}   ({rate.errors:g} errors in {rate.m}, "
+        f"empirical {rate.empirical:.4f})"
+        for label, rate in (
+            ("false accept rate", c.false_accept),
+            ("false reject rate", c.false_reject),
+            ("triplet error", c.triplet_error),
+        )
+    ]
+    _emit(args, c.raw, "\n".join([*rows, "", c.statement]))
+    return EXIT_OK
+
+
 def cmd_metric(args: argparse.Namespace, client: OPMLClient) -> int:
     if args.format == "npy":
         if args.output is None and sys.stdout.isatty():
@@ -514,6 +536,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-version", type=int, help="answer once the model has applied this seq"
     )
     identify.set_defaults(run=cmd_identify)
+
+    cert = sub.add_parser(
+        "certificate", help="certified bounds on the errors of the served metric", parents=[common]
+    )
+    cert.add_argument("model", help="model name")
+    cert.add_argument(
+        "--delta", type=float, default=0.05, help="the bounds hold with prob. >= 1 - delta"
+    )
+    cert.add_argument(
+        "--method",
+        choices=["binomial", "kl", "pac-bayes"],
+        default="binomial",
+        help="binomial/kl: held-out test-set bound; pac-bayes: the randomised metric",
+    )
+    cert.add_argument(
+        "--threshold", type=float, help="squared-distance threshold (default: the served one)"
+    )
+    cert.add_argument("--min-version", type=int, help="certify once the model applied this seq")
+    cert.set_defaults(run=cmd_certificate)
 
     metric = sub.add_parser("metric", help="export L")
     metric_actions = metric.add_subparsers(dest="action", required=True)

@@ -27,6 +27,7 @@ from clients.estimator import estimator_for
 from clients.retry import RetryPolicy
 from clients.types import (
     Array,
+    Certificate,
     Distance,
     Distances,
     Event,
@@ -158,11 +159,14 @@ class Stream:
         self._window.connected(_wire.frames_header(self._ws))
         return self._ws
 
-    def send(self, X: Any, y: Any, *, frame_id: int | str | None = None) -> int | str:
+    def send(
+        self, X: Any, y: Any, *, frame_id: int | str | None = None, holdout: Any = None
+    ) -> int | str:
         """Send the rows of ``X`` with labels ``y`` as one frame (or one sample: ``X`` 1-D and
         ``y`` a label); its id is returned. Ids are generated unless given; a given id must be
-        unique on the model, as the service de-duplicates by it."""
-        frame = self._window.frame(X, y, frame_id)
+        unique on the model, as the service de-duplicates by it. ``holdout``: booleans (one
+        bool for one sample), True for rows to route to the certification reservoir."""
+        frame = self._window.frame(X, y, frame_id, holdout)
         while self._window.full:
             self._receive(self._ack_timeout)
         self._window.add(frame)
@@ -356,14 +360,16 @@ class OPMLClient:
         *,
         wait: bool = False,
         idempotency_key: str | None = None,
+        holdout: Any = None,
     ) -> Ingested:
         """Append the rows of ``X`` with labels ``y`` (applied in order) in one request.
 
         ``wait=True`` answers once they are applied, with per-sample ``results``. A retried
         request carries the same ``Idempotency-Key`` (generated when not given), so a retry
-        never logs a sample twice.
+        never logs a sample twice. ``holdout``: booleans, True for rows to route to the
+        certification reservoir (never learned; e.g. a separate validation set).
         """
-        body = {"samples": _wire.samples(X, y)}
+        body = {"samples": _wire.samples(X, y, holdout)}
         return self._send(_wire.ingest(body, name, wait, idempotency_key))
 
     def ingest_one(
@@ -374,9 +380,13 @@ class OPMLClient:
         *,
         wait: bool = False,
         idempotency_key: str | None = None,
+        holdout: bool = False,
     ) -> Ingested:
-        """Append one sample (the ``{x, y}`` form of the request)."""
-        body = {"x": _wire.vector(x, "x"), "y": _wire.label(y)}
+        """Append one sample (the ``{x, y}`` form of the request); ``holdout=True`` routes it
+        to the certification reservoir."""
+        body: dict[str, Any] = {"x": _wire.vector(x, "x"), "y": _wire.label(y)}
+        if holdout:
+            body["holdout"] = True
         return self._send(_wire.ingest(body, name, wait, idempotency_key))
 
     def stream(
@@ -473,6 +483,22 @@ class OPMLClient:
     def metric_snapshot(self, name: str, *, min_version: int | None = None) -> MetricSnapshot:
         """``L`` together with the ``version`` it belongs to (the JSON form)."""
         return self._send(_wire.metric_snapshot(name, min_version))
+
+    def certificate(
+        self,
+        name: str,
+        *,
+        delta: float = 0.05,
+        method: Literal["binomial", "kl", "pac-bayes"] = "binomial",
+        threshold: float | None = None,
+        min_version: int | None = None,
+    ) -> Certificate:
+        """High-confidence bounds on the triplet error, false accept and false reject rates of
+        the served metric (at ``threshold``, default the served one), holding together with
+        probability ``>= 1 - delta`` (README, "Certificates"). 409
+        :class:`~clients.errors.Conflict` while too few samples are held out (its ``extra``
+        has ``needed`` and ``have``)."""
+        return self._send(_wire.certificate(name, delta, method, threshold, min_version))
 
     def put_metric(self, name: str, L: Any) -> Model:
         """Replace ``L`` (warm start from a matrix learned elsewhere)."""

@@ -88,6 +88,81 @@ class Model:
 
 
 @dataclass(frozen=True)
+class CertifiedRate:
+    """One certified quantity: ``errors`` in ``m`` disjoint held-out tuples, the
+    ``empirical`` rate, and the ``bound`` the true rate stays below (with the certificate's
+    confidence; ``delta`` is this bound's share)."""
+
+    m: int
+    errors: float
+    empirical: float
+    bound: float
+    delta: float
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> CertifiedRate:
+        return cls(
+            int(doc["m"]),
+            float(doc["errors"]),
+            float(doc["empirical"]),
+            float(doc["bound"]),
+            float(doc["delta"]),
+        )
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """Answer of ``GET .../certificate``: bounds on the triplet error, false accept and false
+    reject rates that hold together with probability ``>= 1 - delta``; ``certifies`` is
+    ``"served"`` (the metric and threshold queries use) or ``"gibbs"`` (PAC-Bayes: the
+    randomised metric); ``statement`` says what is certified and under which assumption.
+
+    >>> rate = {"m": 100, "errors": 0, "empirical": 0.0, "bound": 0.0295, "delta": 0.0167}
+    >>> c = Certificate.from_json({"version": 9, "method": "binomial", "certifies": "served",
+    ...     "delta": 0.05, "threshold": 2.0, "threshold_source": "calibrated", "samples": 700,
+    ...     "classes": 3, "window": 5000, "statement": "...", "triplet_error": rate,
+    ...     "false_accept": rate, "false_reject": rate})
+    >>> c.false_accept.bound, c.version
+    (0.0295, 9)
+    """
+
+    version: int | None
+    method: str
+    certifies: str
+    delta: float
+    threshold: float
+    threshold_source: str
+    samples: int
+    classes: int
+    window: int
+    triplet_error: CertifiedRate
+    false_accept: CertifiedRate
+    false_reject: CertifiedRate
+    statement: str
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Certificate:
+        version = doc.get("version")
+        return cls(
+            version=None if version is None else int(version),
+            method=str(doc["method"]),
+            certifies=str(doc["certifies"]),
+            delta=float(doc["delta"]),
+            threshold=float(doc["threshold"]),
+            threshold_source=str(doc["threshold_source"]),
+            samples=int(doc["samples"]),
+            classes=int(doc["classes"]),
+            window=int(doc["window"]),
+            triplet_error=CertifiedRate.from_json(doc["triplet_error"]),
+            false_accept=CertifiedRate.from_json(doc["false_accept"]),
+            false_reject=CertifiedRate.from_json(doc["false_reject"]),
+            statement=str(doc["statement"]),
+            raw=doc,
+        )
+
+
+@dataclass(frozen=True)
 class StepOutcome:
     """What one sample did (``?wait=true``); distances squared, before the sample's update."""
 

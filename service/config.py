@@ -108,6 +108,26 @@ class Settings(BaseSettings):
         default=86_400, ge=1, description="Retention of Idempotency-Key / WS frame id answers."
     )
 
+    # -- certificates (service/engine/certify.py) --
+    certificate_every: int = Field(
+        default=0,
+        ge=0,
+        description="Refresh the opml_certificate_* gauges of each model that holds samples "
+        "out every this many versions (a held-out test-set certificate, method binomial); "
+        "0: off.",
+    )
+    certificate_delta: float = Field(
+        default=0.05, gt=0, le=0.3, description="delta of those periodic certificates."
+    )
+    certificate_false_accept_target: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Exported as opml_certificate_false_accept_target; the alert "
+        "OpmlCertifiedFalseAcceptAboveTarget fires when a model's certified false accept "
+        "bound exceeds it (unset: no target, no alert).",
+    )
+
     # -- waits --
     min_version_wait_s: float = Field(default=5.0, ge=0, description="Bound on a min_version wait.")
     apply_wait_s: float = Field(

@@ -69,6 +69,14 @@ class Conflict(ServiceError):
     slug = "conflict"
 
 
+class NotCertifiable(ServiceError):
+    """No certificate can be given for the model as it is: too few held-out samples yet
+    (``needed`` more on top of the ``have`` there are), or the model was not configured for
+    the method asked (``holdout = 0``, ``pac_bayes_window = 0``)."""
+
+    slug = "not-certifiable"
+
+
 class PayloadTooLarge(ServiceError):
     """The body (or WebSocket frame) is larger than ``OPML_MAX_BODY_BYTES``."""
 

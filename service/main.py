@@ -112,7 +112,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.forwarder = Forwarder(
         models.owner_id, settings.apply_wait_s + settings.min_version_wait_s + 10
     )
-    observe.watch(lambda: [rt.status() for rt in models.runtimes.values() if rt.serving])
+    observe.watch(
+        lambda: [rt.status() for rt in models.runtimes.values() if rt.serving],
+        settings.certificate_false_accept_target,
+    )
     models.start()
     try:
         yield
@@ -131,6 +134,9 @@ Client frames are JSON text, `{"id", "samples": [{x, y}, ...]}` or `{"id", "x", 
 
     uint32 little-endian H | H bytes of UTF-8 JSON {"id": <frame id>, "y": [label, ...]} |
     len(y) x dim float64 little-endian values, row-major (one row per label)
+
+(the header may add `"holdout": [bool, ...]`, one per label, as JSON samples carry
+`"holdout": true`: those samples go to the certification reservoir, never learned)
 
 A binary frame means exactly the JSON frame with the same id and samples (the two encodings
 share idempotency: a resend in either is acknowledged with the original seqs). A malformed one

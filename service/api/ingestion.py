@@ -36,7 +36,13 @@ async def ingest(
             X, keys = parsing.block(items)
         else:
             X, keys = parsing.samples(items, runtime.config.dim, loc, indexed)
-        result = await runtime.ingest(X, keys, idempotency_field=idempotency_field, wait=wait)
+        result = await runtime.ingest(
+            X,
+            keys,
+            holdout=parsing.holdout_flags(items),
+            idempotency_field=idempotency_field,
+            wait=wait,
+        )
     except (ServiceError, RedisError) as exc:
         reason = exc.slug if isinstance(exc, ServiceError) else Unavailable.slug
         if reason != NotFound.slug:  # a vanished model has no series to count in

@@ -1,7 +1,8 @@
 """What the API exposes for observation, besides the event metrics of :mod:`service.telemetry`:
 
 * :class:`ModelStateCollector` -- the per-model gauges (version, lag, classes, ``||L||_F``,
-  hinge, accuracy, EER, threshold, checkpoint age, ownership), read from each model's
+  hinge, accuracy, EER, threshold, checkpoint age, ownership, the latest periodic
+  certificate's ``opml_certificate_*``), read from each model's
   :class:`~service.engine.status.ModelStatus` when Prometheus scrapes: nothing is kept in sync,
   ages are computed with the service's own clock, and a deleted model simply stops appearing;
 * :class:`HttpMetrics` -- ASGI middleware for ``opml_http_request_duration_seconds`` (RED by
@@ -20,6 +21,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import telemetry
+from service.core.certificates import QUANTITIES, Bound
 from service.engine.status import ModelStatus
 
 _STATE = {
@@ -72,11 +74,32 @@ def gauges(status: ModelStatus, now: float) -> dict[str, float | None]:
     }
 
 
+#: The latest periodic certificate of a model (OPML_CERTIFICATE_EVERY), per quantity.
+_CERTIFICATE_QUANTITY = {
+    "opml_certificate_bound": "Certified upper bound on the rate (triplet_error, false_accept, "
+    "false_reject) of the served metric, from the held-out reservoir (holds with probability "
+    ">= 1 - opml_certificate_delta, all three together).",
+    "opml_certificate_empirical": "Empirical rate on the held-out tuples of that certificate.",
+    "opml_certificate_tuples": "Disjoint held-out tuples (m) that certificate counted.",
+}
+#: ... and per model.
+_CERTIFICATE_MODEL = {
+    "opml_certificate_version": "Version whose metric the latest periodic certificate covers.",
+    "opml_certificate_delta": "delta of the latest periodic certificate.",
+}
+_TARGET = "opml_certificate_false_accept_target"
+_TARGET_HELP = (
+    "OPML_CERTIFICATE_FALSE_ACCEPT_TARGET: the alert OpmlCertifiedFalseAcceptAboveTarget fires "
+    'when a model\'s opml_certificate_bound{quantity="false_accept"} exceeds it.'
+)
+
+
 class ModelStateCollector(Collector):
     """Gauges of every live model, read from its status when Prometheus scrapes."""
 
     def __init__(self) -> None:
         self.source: Callable[[], Iterable[ModelStatus]] = tuple
+        self.false_accept_target: float | None = None
 
     def describe(self) -> Iterator[Metric]:
         yield from self._families()
@@ -84,6 +107,13 @@ class ModelStateCollector(Collector):
     def _families(self) -> list[GaugeMetricFamily]:
         families = [GaugeMetricFamily(n, h, labels=["model"]) for n, h in _STATE.items()]
         families.append(GaugeMetricFamily("opml_models", "Models loaded in this process."))
+        families += [
+            GaugeMetricFamily(n, h, labels=["model", "quantity"])
+            for n, h in _CERTIFICATE_QUANTITY.items()
+        ]
+        per_model = _CERTIFICATE_MODEL.items()
+        families += [GaugeMetricFamily(n, h, labels=["model"]) for n, h in per_model]
+        families.append(GaugeMetricFamily(_TARGET, _TARGET_HELP))
         return families
 
     def collect(self) -> Iterator[Metric]:
@@ -94,7 +124,19 @@ class ModelStateCollector(Collector):
             for metric, value in gauges(status, now).items():
                 if value is not None:
                     families[metric].add_metric([status.name], float(value))
+            cert = status.certificate
+            if cert is not None:
+                for quantity in QUANTITIES:
+                    bound: Bound = getattr(cert, quantity)
+                    labels = [status.name, quantity]
+                    families["opml_certificate_bound"].add_metric(labels, bound.bound)
+                    families["opml_certificate_empirical"].add_metric(labels, bound.empirical)
+                    families["opml_certificate_tuples"].add_metric(labels, bound.m)
+                families["opml_certificate_version"].add_metric([status.name], cert.version or 0)
+                families["opml_certificate_delta"].add_metric([status.name], cert.delta)
         families["opml_models"].add_metric([], len(statuses))
+        if self.false_accept_target is not None:
+            families[_TARGET].add_metric([], self.false_accept_target)
         yield from families.values()
 
 
@@ -102,9 +144,13 @@ MODEL_STATE = ModelStateCollector()
 REGISTRY.register(MODEL_STATE)
 
 
-def watch(source: Callable[[], Iterable[ModelStatus]]) -> None:
-    """Scrapes read the model state from ``source`` (the statuses of the live models)."""
+def watch(
+    source: Callable[[], Iterable[ModelStatus]], false_accept_target: float | None = None
+) -> None:
+    """Scrapes read the model state from ``source`` (the statuses of the live models), and
+    export ``false_accept_target`` (OPML_CERTIFICATE_FALSE_ACCEPT_TARGET) when set."""
     MODEL_STATE.source = source
+    MODEL_STATE.false_accept_target = false_accept_target
 
 
 def _route_template(scope: Scope) -> str:

@@ -36,6 +36,8 @@ from service.api.schemas import (
     Sample,
 )
 from service.core._validation import Array, check_matrix, check_metric, check_vector, label_key
+from service.core.certificates import Method, check_certificate_args
+from service.core.holdout import Flags
 from service.errors import InvalidInput, UnsupportedMediaType
 
 T = TypeVar("T")
@@ -148,6 +150,25 @@ def min_version(raw: str | None) -> int | None:
             f"must be a seq: an integer >= 0 of at most {_MAX_DIGITS} digits",
         )
     return int(raw)
+
+
+def certificate_args(delta: float, method: str) -> tuple[float, Method]:
+    """``delta`` and ``method`` of a certificate request, checked by the core's rule (e.g. the
+    exact binomial inversion only up to ``delta = 0.3``); a 422 naming the query parameter.
+
+    >>> certificate_args(0.05, "kl")
+    (0.05, 'kl')
+    >>> certificate_args(0.5, "binomial")
+    Traceback (most recent call last):
+    ...
+    service.errors.InvalidInput: query.delta: the exact binomial inversion is valid for \
+non-identical tuples up to delta = 0.3 (0.1 per quantity); got 0.5: use method='kl'
+    """
+    try:
+        return check_certificate_args(delta, method)
+    except ValueError as exc:
+        name, _, msg = str(exc).partition(": ")
+        raise invalid(["query", name], msg) from None
 
 
 #: Arrays of the ``.npz`` body of one-to-many ``distance``: name -> number of dimensions.
@@ -343,13 +364,27 @@ def _samples_fast(items: list[Sample], dim: int) -> tuple[Array, list[str]] | No
 @dataclass(frozen=True)
 class Block:
     """The samples of a binary WebSocket frame: an (n, d) float64 block (shape checked, values
-    not yet) and its n labels as sent."""
+    not yet), its n labels as sent and their ``holdout`` flags (None: none)."""
 
     X: Array
     y: list[Any]
+    holdout: list[bool] | None = None
 
     def __len__(self) -> int:
         return len(self.y)
+
+
+def holdout_flags(items: Sequence[Sample] | Block) -> Flags | None:
+    """The samples' ``holdout`` flags (True: to the certification reservoir), or None when
+    none is set (the common case: nothing extra is logged).
+
+    >>> holdout_flags([Sample(x=[1.0], y=1), Sample(x=[1.0], y=2, holdout=True)]).tolist()
+    [False, True]
+    """
+    flags = items.holdout if isinstance(items, Block) else [s.holdout for s in items]
+    if flags is None or not any(flags):
+        return None
+    return np.array(flags, dtype=np.bool_)
 
 
 def block(b: Block) -> tuple[Array, list[str]]:

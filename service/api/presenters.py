@@ -27,6 +27,7 @@ def updates(counts: dict[str, int]) -> dict[str, int]:
         "new_class": counts["new_class"],
         "single_class": counts["single_class"],
         "skipped": counts["skipped"],
+        "held_out": counts["held_out"],
     }
 
 
@@ -69,6 +70,10 @@ def model_document(status: ModelStatus) -> dict[str, Any]:
         "normalize": c.normalize,
         "seed": c.seed,
         "calibration_window": c.calibration_window,
+        "holdout": c.holdout,
+        "holdout_window": c.holdout_window,
+        "pac_bayes_prefix": c.pac_bayes_prefix,
+        "pac_bayes_window": c.pac_bayes_window,
         **_live(snap),
         "logged_seq": status.logged_seq,
         "checkpoint": {

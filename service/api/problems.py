@@ -41,6 +41,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "forbidden": (403, "Forbidden"),
     "not-found": (404, "Not found"),
     "conflict": (409, "Conflict"),
+    "not-certifiable": (409, "Not certifiable yet"),
     "payload-too-large": (413, "Payload too large"),
     "unsupported-media-type": (415, "Unsupported media type"),
     "limit-exceeded": (422, "Limit exceeded"),

@@ -13,12 +13,15 @@ from pydantic import (
     ConfigDict,
     Field,
     GetCoreSchemaHandler,
+    StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
     model_validator,
 )
 from pydantic_core import CoreSchema
+
+from service.core.holdout import MAX_WINDOW
 
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 MAX_LABEL_CHARS = 128
@@ -81,6 +84,30 @@ class ModelCreate(_Body):
     calibration_window: int = Field(
         default=1000, ge=1, le=100_000, description="Pairs kept for EER."
     )
+    holdout: float = Field(
+        default=0.0,
+        ge=0,
+        le=0.5,
+        allow_inf_nan=False,
+        description="Fraction of samples routed (by a seeded draw) to the certification "
+        "reservoir: never learned, used by GET .../certificate.",
+    )
+    holdout_window: int = Field(
+        default=5000, ge=1, le=MAX_WINDOW, description="The reservoir keeps the last this many."
+    )
+    pac_bayes_prefix: int = Field(
+        default=1000,
+        ge=1,
+        le=2**62,
+        description="PAC-Bayes: the prior is L after this many training samples.",
+    )
+    pac_bayes_window: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_WINDOW,
+        description="PAC-Bayes: training samples after the prefix kept as the bound set "
+        "(0: method=pac-bayes is off).",
+    )
 
 
 class Updates(BaseModel):
@@ -94,6 +121,7 @@ class Updates(BaseModel):
     new_class: int
     single_class: int
     skipped: int
+    held_out: int = Field(description="Samples routed to the certification reservoir.")
 
 
 class Verification(BaseModel):
@@ -124,6 +152,10 @@ class ModelOut(BaseModel):
     normalize: str
     seed: int
     calibration_window: int
+    holdout: float
+    holdout_window: int
+    pac_bayes_prefix: int
+    pac_bayes_window: int
     version: int = Field(description="Seq of the last applied sample (0 before any).")
     samples_seen: int
     logged_seq: int = Field(description="Last seq in the log; logged_seq - version = lag.")
@@ -150,13 +182,21 @@ class ModelList(BaseModel):
     models: list[ModelOut]
 
 
+HoldoutFlag = Annotated[
+    StrictBool,
+    Field(description="True: route the sample to the certification reservoir (never learned)."),
+]
+
+
 class Sample(_Body):
     x: Vector
     y: Label
+    holdout: HoldoutFlag = False
 
 
 class IngestBody(_Body):
-    """Either one sample ``{x, y}`` or a batch ``{samples: [...]}`` (applied in list order).
+    """Either one sample ``{x, y, holdout?}`` or a batch ``{samples: [...]}`` (applied in list
+    order).
 
     ``x`` and ``y`` may be absent (the batch form), not ``null``: a ``null`` is validated like
     any other value and refused at its field (their type has no ``None``; the default is not
@@ -164,6 +204,7 @@ class IngestBody(_Body):
 
     x: Vector = None  # type: ignore[assignment]
     y: Label = None  # type: ignore[assignment]
+    holdout: HoldoutFlag | None = None
     samples: list[Sample] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="after")
@@ -173,13 +214,15 @@ class IngestBody(_Body):
             raise ValueError("send either {x, y} or {samples: [...]}")
         if single and (self.x is None or self.y is None):
             raise ValueError("a single sample needs both x and y")
+        if not single and self.holdout is not None:
+            raise ValueError("in a batch, holdout is a field of each sample")
         return self
 
     def as_samples(self) -> list[Sample]:
         if self.samples is not None:
             return self.samples
         assert self.x is not None and self.y is not None
-        return [Sample(x=self.x, y=self.y)]
+        return [Sample(x=self.x, y=self.y, holdout=bool(self.holdout))]
 
 
 FrameId = StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=256)]
@@ -197,6 +240,15 @@ class BinaryHeader(_Body):
 
     id: FrameId
     y: list[Label] = Field(min_length=1)
+    holdout: list[StrictBool] | None = Field(
+        default=None, description="One flag per label: true routes it to the reservoir."
+    )
+
+    @model_validator(mode="after")
+    def _one_flag_per_label(self) -> BinaryHeader:
+        if self.holdout is not None and len(self.holdout) != len(self.y):
+            raise ValueError(f"holdout: expected {len(self.y)} flags (one per label)")
+        return self
 
 
 class Accepted(BaseModel):
@@ -207,7 +259,11 @@ class Accepted(BaseModel):
 
 class StepOut(BaseModel):
     seq: int
-    outcome: str
+    outcome: str = Field(
+        description="new_class, pair_update, triplet_update, shrunk_update, passive, "
+        "single_class, skipped, or held_out (routed to the certification reservoir: not "
+        "learned; hinge and distances null)."
+    )
     hinge: float | None
     d_pos: float | None
     d_neg: float | None
@@ -351,6 +407,42 @@ class MatchesOut(BaseModel):
 
 class IdentifiedMany(_Decided):
     results: list[MatchesOut] = Field(description="One per row of xs, in order.")
+
+
+class BoundOut(BaseModel):
+    """One certified quantity: ``errors`` in ``m`` disjoint tuples, the ``empirical`` rate and
+    the ``bound`` the true rate stays below (with the certificate's confidence)."""
+
+    m: int = Field(description="Disjoint tuples (triplets or pairs) evaluated.")
+    errors: float = Field(description="Errors among them (PAC-Bayes: expected Gibbs errors).")
+    empirical: float = Field(description="errors / m.")
+    bound: float = Field(description="High-confidence upper bound on the true rate.")
+    delta: float = Field(description="The share of delta this bound spends.")
+    sigma: float | None = Field(default=None, description="PAC-Bayes: posterior scale chosen.")
+    kl_divergence: float | None = Field(default=None, description="PAC-Bayes: KL(Q || P).")
+
+
+class CertificateOut(BaseModel):
+    """``GET .../certificate``: bounds on the errors of the metric of one snapshot."""
+
+    version: int | None = Field(description="The version whose metric is certified.")
+    method: Literal["binomial", "kl", "pac-bayes"]
+    certifies: Literal["served", "gibbs"] = Field(
+        description='"served": the metric and threshold queries use; "gibbs": the randomised '
+        "metric around it (PAC-Bayes), not the served one."
+    )
+    delta: float = Field(description="The three bounds hold together with prob. >= 1 - delta.")
+    validity: str = Field(description='"per-request" (see the README for sequences).')
+    threshold: float = Field(description="The verification threshold certified (squared).")
+    threshold_source: str
+    samples: int = Field(description="Samples the tuples came from (reservoir or bound set).")
+    classes: int = Field(description="Classes among them.")
+    window: int = Field(description="Capacity of the reservoir (or PAC-Bayes window).")
+    triplet_error: BoundOut
+    false_accept: BoundOut
+    false_reject: BoundOut
+    statement: str = Field(description="What is certified, under which assumption.")
+    details: dict[str, Any] = Field(default_factory=dict)
 
 
 class Problem(BaseModel):

@@ -32,6 +32,8 @@ from service import telemetry
 from service.config import Settings
 from service.core import LearnerConfig
 from service.core._validation import Array
+from service.core.certificates import Certificate, Method
+from service.core.holdout import Flags
 from service.engine.admission import Admission, unapplied_limit
 from service.engine.gallery import Gallery
 from service.engine.lease import Lease
@@ -41,7 +43,7 @@ from service.engine.status import ModelStatus
 from service.engine.tasks import stop_task
 from service.engine.writer import Writer
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
-from service.storage.codec import StreamId, encode_vector, sample_id
+from service.storage.codec import StreamId, encode_flags, encode_vector, sample_id
 from service.storage.group_commit import GroupCommit
 from service.storage.store import Appended, Group, NoSuchModel, Store, TooManyClasses
 
@@ -66,14 +68,20 @@ class IngestResult:
     results: list[dict[str, Any]] | None = None
 
 
-def fingerprint(X: Array, keys: list[str]) -> str:
-    """A digest of an append's samples (an idempotency key reused with other samples is 409).
+def fingerprint(X: Array, keys: list[str], holdout: Flags | None = None) -> str:
+    """A digest of an append's samples and their ``holdout`` flags (an idempotency key reused
+    with other samples is 409).
 
     >>> fingerprint(np.zeros((1, 2)), ["a"]) == fingerprint(np.zeros((1, 2)), ["a"])
     True
+    >>> X = np.zeros((1, 2))
+    >>> fingerprint(X, ["a"]) == fingerprint(X, ["a"], np.ones(1, dtype=bool))
+    False
     """
     h = hashlib.sha256(np.ascontiguousarray(X).tobytes())
     h.update("\x00".join(keys).encode())
+    if holdout is not None:  # absent: the digest of samples logged before flags existed
+        h.update(b"\x00holdout" + encode_flags(holdout))
     return h.hexdigest()[:32]
 
 
@@ -268,6 +276,7 @@ class ModelRuntime:
             owner=self.lease.held,
             fencing_token=self.lease.token,
             staleness_s=None if w.synced_at is None else max(0.0, time.monotonic() - w.synced_at),
+            certificate=w.latest_certificate,
         )
 
     # -- progress of the learner (for admission control) --------------------------------------
@@ -297,13 +306,20 @@ class ModelRuntime:
     # -- operations ----------------------------------------------------------------------------
 
     async def ingest(
-        self, X: Array, keys: list[str], *, idempotency_field: str = "", wait: bool = False
+        self,
+        X: Array,
+        keys: list[str],
+        *,
+        holdout: Flags | None = None,
+        idempotency_field: str = "",
+        wait: bool = False,
     ) -> IngestResult:
-        """Append validated samples (rows of ``X``, their class keys) atomically to the log,
-        and with ``wait`` wait until they are applied."""
+        """Append validated samples (rows of ``X``, their class keys, the ``holdout`` flags of
+        those the caller holds out) atomically to the log, and with ``wait`` wait until they
+        are applied."""
         token = self.results.want(self.snapshot.version) if wait else None  # needs the learner
         try:
-            appended = await self._append(X, keys, idempotency_field)
+            appended = await self._append(X, keys, holdout, idempotency_field)
             n = appended.last_seq - appended.first_seq + 1
             if token is None:
                 return IngestResult(n, appended.first_seq, appended.last_seq, appended.replayed)
@@ -321,10 +337,12 @@ class ModelRuntime:
             if token is not None:
                 self.results.release(token)
 
-    async def _append(self, X: Array, keys: list[str], idempotency_field: str) -> Appended:
+    async def _append(
+        self, X: Array, keys: list[str], holdout: Flags | None, idempotency_field: str
+    ) -> Appended:
         """Admit (backpressure), then log the samples atomically."""
         s = self.settings
-        digest = fingerprint(X, keys)
+        digest = fingerprint(X, keys, holdout)
         try:
             room = await self.admission.wait_room(len(keys), s.apply_wait_s)  # in call order
         except ModelClosed:
@@ -341,7 +359,7 @@ class ModelRuntime:
         try:
             # No await between the room check and this enqueue: calls are logged in call order.
             appended = await self.appender.append(
-                Group(encode_vector(X), keys, idempotency_field, digest)
+                Group(encode_vector(X), keys, idempotency_field, digest, encode_flags(holdout))
             )
             if not appended.replayed:
                 self._notify_logged(appended.last_seq)  # before admission.done: no gap
@@ -417,3 +435,11 @@ class ModelRuntime:
                 version=self.snapshot.version,
             )
         return self.snapshot
+
+    async def certificate(
+        self, min_version: int | None, delta: float, method: Method, threshold: float | None
+    ) -> Certificate:
+        """The certificate of the latest snapshot (after waiting, bounded, for
+        ``min_version``); arguments already validated (:mod:`service.engine.certify`)."""
+        await self.read(min_version)
+        return await self._writer().certificate(delta, method, threshold)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from service.core import LearnerConfig
+from service.core.certificates import Certificate
 from service.engine.snapshot import Snapshot
 
 
@@ -19,7 +20,8 @@ class ModelStatus:
     ``checkpoint_seq`` / ``checkpoint_at`` describe the latest known checkpoint (``at`` in epoch
     seconds, None before the first); ``owner`` and ``fencing_token`` say whether this process
     holds the model's lease; ``staleness_s`` is how long ago this process last read up to the
-    end of the log (None: not yet).
+    end of the log (None: not yet); ``certificate`` is the latest periodic certificate
+    (``OPML_CERTIFICATE_EVERY``; None: off, or not enough held-out samples yet).
     """
 
     name: str
@@ -32,6 +34,7 @@ class ModelStatus:
     owner: bool
     fencing_token: int | None
     staleness_s: float | None
+    certificate: Certificate | None = None
 
     @property
     def version(self) -> int:

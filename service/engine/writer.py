@@ -23,12 +23,17 @@ when the registry relays an append made through another process (the ``opml:appe
 pub/sub channel), and at the latest every ``OPML_POLL_INTERVAL_S``. If it finds a checkpoint
 past its own position, another process has taken the model over: it stops applying and gives
 the lease up (the registry then drops it).
+
+Certificates (:mod:`service.engine.certify`) read the learner's held-out state under the
+writer's learning lock, so it matches the published snapshot; with ``OPML_CERTIFICATE_EVERY``
+the writer refreshes one in the background every that many versions, for the gauges.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import time
 from dataclasses import dataclass
@@ -40,12 +45,24 @@ from redis.exceptions import RedisError
 from service import telemetry
 from service.config import Settings
 from service.core import Learner, LearnerConfig, StepResults
+from service.core.certificates import Certificate, Method
+from service.core.holdout import Holdout
 from service.engine.admission import samples_per_batch
+from service.engine.certify import certify
 from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import Snapshot, SnapshotBoard
+from service.engine.tasks import stop_task
+from service.errors import NotCertifiable
 from service.storage import checkpoint
-from service.storage.codec import StreamId, after, decode_entry, decode_vector, format_id
+from service.storage.codec import (
+    StreamId,
+    after,
+    decode_entry,
+    decode_vector,
+    entry_flags,
+    format_id,
+)
 from service.storage.store import Fenced, Store
 
 log = logging.getLogger("service.writer")
@@ -100,6 +117,15 @@ class Writer:
         self._saved: StreamId | None = None  # log position of our latest checkpoint
         self._per_entry = 1.0  # samples per log entry in the latest batch
         self._replaying = False  # applying the log tail found at start-up
+        #: Held while the learner changes (a batch, from reading it to publishing its
+        #: snapshot), so a copy taken under it matches the published snapshot.
+        self._learning = asyncio.Lock()
+        #: One certificate at a time per model: at most one copy of its held-out state.
+        self._one_certificate = asyncio.Lock()
+        #: The latest periodic certificate (OPML_CERTIFICATE_EVERY; None: none yet, or off).
+        self.latest_certificate: Certificate | None = None
+        self._certified_version = 0  # version of the latest periodic certificate attempt
+        self._certifying: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -123,6 +149,8 @@ class Writer:
         self._kick.set()
         if self._task is not None:
             await self._task
+        if self._certifying is not None:
+            await stop_task(self._certifying)
         self.board.close(moved=moved)
         if final_checkpoint and self.lease.held and self.board.current.applied != self._saved:
             await self._write_checkpoint()
@@ -189,18 +217,20 @@ class Writer:
         # Decoding, learning and building the snapshot all run in the worker thread (the
         # compiled kernel releases the GIL), so the event loop stays free for ingestion and
         # queries; only the bookkeeping below runs on it.
-        runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
-        for seqs, results in runs:
-            self.metrics.count_steps(results.counts())
-            if self._replaying:
-                self.metrics.replayed.inc(len(results))
-            self.results.record(seqs, results)
-        self._since_checkpoint += samples
-        self._per_entry = max(1.0, samples / len(entries))
-        if self._dirty_since is None:
-            self._dirty_since = time.monotonic()
-        self._publish(snapshot)
+        async with self._learning:
+            runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
+            for seqs, results in runs:
+                self.metrics.count_steps(results.counts())
+                if self._replaying:
+                    self.metrics.replayed.inc(len(results))
+                self.results.record(seqs, results)
+            self._since_checkpoint += samples
+            self._per_entry = max(1.0, samples / len(entries))
+            if self._dirty_since is None:
+                self._dirty_since = time.monotonic()
+            self._publish(snapshot)
         self.metrics.update_duration.observe(time.perf_counter() - started)
+        self._certificate_due(snapshot.version)
 
     def _apply_entries(
         self, entries: Entries
@@ -210,6 +240,7 @@ class Writer:
         d = self.learner.dim
         runs: list[tuple[list[int], StepResults]] = []
         blocks: list[np.ndarray[Any, Any]] = []
+        flags: list[np.ndarray[Any, Any] | None] = []  # per block: its holdout flags
         keys: list[str] = []
         seqs: list[int] = []
         samples = 0
@@ -217,8 +248,15 @@ class Writer:
         def flush() -> None:
             if blocks:
                 X = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-                runs.append((list(seqs), self.learner.learn_many(X, keys)))
+                held = None
+                if any(f is not None for f in flags):
+                    held = np.concatenate(
+                        [np.zeros(len(b), np.bool_) if f is None else f
+                         for b, f in zip(blocks, flags, strict=True)]
+                    )  # fmt: skip
+                runs.append((list(seqs), self.learner.learn_many(X, keys, holdout=held)))
                 blocks.clear()
+                flags.clear()
                 keys.clear()
                 seqs.clear()
 
@@ -230,11 +268,55 @@ class Writer:
                 continue
             X, labels = decode_entry(fields, d)
             blocks.append(X)
+            flags.append(entry_flags(fields, len(labels)))
             keys.extend(labels)
             seqs.extend(range(last - len(labels) + 1, last + 1))
             samples += len(labels)
         flush()
         return runs, Snapshot.of(self.learner, entries[-1][0], self.metric_puts), samples
+
+    # -- certificates ------------------------------------------------------------------------
+
+    async def frozen_holdout(self) -> tuple[Snapshot, Holdout]:
+        """The current snapshot and a copy of the learner's held-out state as of it (the
+        reservoir, PAC-Bayes prior and window): what a certificate of that snapshot needs.
+        The copy (up to ``holdout_window x d`` floats) is made in a worker thread."""
+        async with self._learning:
+            holdout = await asyncio.to_thread(copy.deepcopy, self.learner.holdout)
+            return self.board.current, holdout
+
+    async def certificate(
+        self, delta: float, method: Method, threshold: float | None
+    ) -> Certificate:
+        """The certificate of the current snapshot (:func:`~service.engine.certify.certify`;
+        arguments already validated). Requests for one model take turns, so a burst holds
+        one copy of the reservoir, not one per request."""
+        async with self._one_certificate:
+            return await certify(await self.frozen_holdout(), delta, method, threshold)
+
+    def _certificate_due(self, version: int) -> None:
+        """Every OPML_CERTIFICATE_EVERY versions (when the model holds samples out), refresh
+        :attr:`latest_certificate` in the background (one at a time; the gauges read it)."""
+        every = self.settings.certificate_every
+        if not every or version // every <= self._certified_version // every:
+            return
+        if self._certifying is not None and not self._certifying.done():
+            return  # still computing the previous one: the next batch tries again
+        if self.learner.config.holdout == 0.0 and not self.learner.holdout.reservoir.total:
+            return
+        self._certified_version = version
+        self._certifying = asyncio.create_task(
+            self._refresh_certificate(), name=f"certificate:{self.name}"
+        )
+
+    async def _refresh_certificate(self) -> None:
+        try:
+            delta = self.settings.certificate_delta
+            self.latest_certificate = await self.certificate(delta, "binomial", None)
+        except NotCertifiable as exc:  # too few held-out samples yet: no gauges until then
+            log.debug("%s: no certificate yet (%s)", self.name, exc.detail)
+        except Exception:
+            log.exception("%s: periodic certificate failed", self.name)
 
     def _publish(self, snapshot: Snapshot) -> None:
         self.logged_seq = max(self.logged_seq, snapshot.version)

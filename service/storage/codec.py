@@ -11,6 +11,8 @@ without ``n`` is one sample whose ``y`` is the bare key: the layout of earlier v
 read.) A metric replacement (``PUT metric``) logged after sample ``s`` is ``s-k`` with
 ``k >= 2``, so it sorts after the entry ending at ``s`` and before the next one, without
 consuming a seq. "Has seq ``s`` been applied?" is then "is the applied position ``>= s-1``?".
+An entry some of whose samples the caller flagged ``holdout`` has a field ``h``: one ASCII
+``0``/``1`` per sample (:func:`encode_flags`); the writer replays it, so routing is exact.
 
 >>> parse_id(b"12-1")
 (12, 1)
@@ -34,6 +36,9 @@ stays an integer; ``y`` null when none) and its vector as sent (not normalised).
 >>> item_id, y, x = decode_gallery_item(encode_gallery_item(7, "ann", np.array([0.5, 1.0])), 2)
 >>> item_id, y, x.tolist()
 (7, 'ann', [0.5, 1.0])
+
+>>> encode_flags(np.array([True, False])), entry_flags({b"h": b"10"}, 2).tolist()
+(b'10', [True, False])
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import struct
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from service.core._validation import Array
 
@@ -88,6 +94,24 @@ def decode_entry(fields: dict[bytes, bytes], d: int) -> tuple[Array, list[str]]:
     if len(keys) != n:
         raise ValueError(f"stored entry: {n} samples but {len(keys)} labels")
     return decode_vector(fields[b"x"], n * d).reshape(n, d), keys
+
+
+def encode_flags(flags: NDArray[np.bool_] | None) -> bytes:
+    """A log entry's ``h``: ``b"0"``/``b"1"`` per sample; ``b""`` (no field) for None."""
+    if flags is None:
+        return b""
+    return np.where(flags, ord("1"), ord("0")).astype(np.uint8).tobytes()
+
+
+def entry_flags(fields: dict[bytes, bytes], n: int) -> NDArray[np.bool_] | None:
+    """The ``holdout`` flags of a sample entry's ``n`` samples (None: no field, none set)."""
+    raw = fields.get(b"h")
+    if raw is None:
+        return None
+    if len(raw) != n or raw.strip(b"01"):
+        raise ValueError(f"stored entry: holdout flags {raw[:32]!r} for {n} samples")
+    flags: NDArray[np.bool_] = np.frombuffer(raw, dtype=np.uint8) == ord("1")
+    return flags
 
 
 def sample_id(seq: int) -> str:

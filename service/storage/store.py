@@ -100,7 +100,8 @@ end
 # KEYS: meta, log, classes, idem, idem-exp
 # ARGV: now_ms, ttl_ms, max_classes, groups, channel, model name (published on the channel
 #       when anything was appended), then per group: idem field ('' = none), fingerprint,
-#       n, x block, labels (JSON array), k, then its k distinct labels. Groups are appended in
+#       n, x block, labels (JSON array), holdout flags ('' = none), k, then its k distinct
+#       labels. Groups are appended in
 #       order, each exactly as if alone (a group commit: one script, one AOF write and fsync for
 #       requests/frames that arrived together), each as ONE log entry ``<last seq>-1`` holding
 #       its n samples (see service.storage.codec).
@@ -121,8 +122,8 @@ local out = {1}
 local p = 7
 for g = 1, tonumber(ARGV[4]) do
   local field, fp, n = ARGV[p], ARGV[p + 1], tonumber(ARGV[p + 2])
-  local x, y, k = ARGV[p + 3], ARGV[p + 4], tonumber(ARGV[p + 5])
-  local base = p + 5  -- distinct label i = ARGV[base + i]
+  local x, y, h, k = ARGV[p + 3], ARGV[p + 4], ARGV[p + 5], tonumber(ARGV[p + 6])
+  local base = p + 6  -- distinct label i = ARGV[base + i]
   p = base + k + 1
   local prev = false
   if field ~= '' then prev = redis.call('HGET', KEYS[4], field) end
@@ -142,7 +143,12 @@ for g = 1, tonumber(ARGV[4]) do
     else
       local first = seq + 1
       seq = seq + n
-      redis.call('XADD', KEYS[2], string.format('%d-1', seq), 'n', n, 'x', x, 'y', y)
+      local id = string.format('%d-1', seq)
+      if h == '' then
+        redis.call('XADD', KEYS[2], id, 'n', n, 'x', x, 'y', y)
+      else
+        redis.call('XADD', KEYS[2], id, 'n', n, 'x', x, 'y', y, 'h', h)
+      end
       for i = 1, #fresh do redis.call('SADD', KEYS[3], fresh[i]) end
       if field ~= '' then
         redis.call('HSET', KEYS[4], field, string.format('%d %d %s', first, seq, fp))
@@ -331,12 +337,15 @@ class Appended:
 class Group:
     """One request's / frame's samples for an append, logged as one entry: ``x``, the raw
     bytes of its (n, d) block (:func:`~service.storage.codec.encode_vector`); ``keys``, its n
-    class keys; its idempotency field ('' = none) and the fingerprint of its samples."""
+    class keys; its idempotency field ('' = none), the fingerprint of its samples and their
+    ``holdout`` flags."""
 
     x: bytes
     keys: list[str]
     idempotency_field: str
     fingerprint: str
+    #: The ``holdout`` flags (:func:`~service.storage.codec.encode_flags`; b"" = none set).
+    holdout: bytes = b""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -727,7 +736,8 @@ class Store:
                 raise ValueError("groups: a group has at least one sample")
             distinct = list(dict.fromkeys(group.keys))
             args += [group.idempotency_field, group.fingerprint, len(group.keys), group.x,
-                     encode_labels(group.keys), len(distinct), *distinct]  # fmt: skip
+                     encode_labels(group.keys), group.holdout, len(distinct),
+                     *distinct]  # fmt: skip
         out = await self._run_replicated(
             self._append,
             [keys.meta, keys.log, keys.classes, keys.idempotency, keys.idempotency_expiry],

@@ -297,3 +297,19 @@ def test_serve_passes_host_redis_url_and_log_level(
         assert redis.Redis.from_url(redis_url).sismember("opml:models", name)
         assert not (data / "redis.json").exists()
     assert "authentication OFF" not in proc.stop()  # a warning: below --log-level error
+
+
+def test_certificate_command(service: ServiceProcess, client: OPMLClient, name: str) -> None:
+    X, y = stream(700, 3, 3, seed=15)
+    client.create_model(name, 3, gamma=0.01, holdout=0.3)
+    early = opml(service, "certificate", name)
+    assert early.returncode == 4 and "more" in early.stderr  # 409: how many more are needed
+    client.ingest(name, X[:350], y[:350])
+    client.ingest(name, X[350:], y[350:])
+    cert = ok_json(service, "certificate", name, "--delta", "0.1", "--min-version", "700")
+    assert cert == client.certificate(name, delta=0.1).raw
+    said = opml(service, "certificate", name, "--method", "kl").stdout
+    kl = client.certificate(name, method="kl")
+    assert f"false accept rate  <= {kl.false_accept.bound:.4f}" in said
+    assert kl.statement in said
+    assert opml(service, "certificate", name, "--delta", "2").returncode == 5

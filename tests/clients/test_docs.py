@@ -192,3 +192,15 @@ def test_examples_readme_command_prints_its_numbers(url: str, tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     printed = [line for line in done.stdout.split("\n") if ": AUC " in line]
     assert printed == expected
+
+
+def test_readme_certificate_example_prints_what_the_readme_says(url: str) -> None:
+    readme = (ROOT / "README.md").read_text()
+    code = fenced(readme, "### Certificates (`GET /v1/models/{name}/certificate`)", "python")
+    printed = readme[readme.index(code) + len(code) :]
+    match = re.search(r"prints\n\n```\n(.*?)```", printed, re.DOTALL)
+    assert match is not None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(code.replace("http://127.0.0.1:8000", url), {})
+    assert out.getvalue() == match.group(1)

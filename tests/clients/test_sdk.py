@@ -23,7 +23,7 @@ from clients import (
     RetryPolicy,
     Unavailable,
 )
-from service.core import COPML, OPML
+from service.core import COPML, OPML, Learner, LearnerConfig
 from tests.clients.conftest import FAST_RETRY, CuttableProxy
 from tests.service.support import ServiceProcess, core_learner, stream
 
@@ -442,3 +442,50 @@ def test_async_stream_collects_acks_between_sends(service: ServiceProcess, name:
 
     acked, sent = asyncio.run(run())
     assert acked >= 1 and sent < 60
+
+
+def test_certificate_sync_and_async_equal_the_core(
+    client: OPMLClient, service: ServiceProcess, name: str
+) -> None:
+    X, y = stream(900, 3, 3, seed=21)
+    flags = np.arange(900) % 9 == 0  # a validation set of the caller's, besides the routed
+    client.create_model(name, 3, gamma=0.01, seed=2, holdout=0.2, holdout_window=400)
+    with pytest.raises(Conflict) as early:
+        client.certificate(name)
+    assert early.value.extra["needed"] > 0 and early.value.extra["have"] == 0
+    client.ingest(name, X[:450], y[:450], holdout=flags[:450])
+    applied = client.ingest(name, X[450:], y[450:], holdout=flags[450:], wait=True)
+    assert applied.results is not None
+    assert all(applied.results[i].outcome == "held_out" for i in np.flatnonzero(flags[450:]))
+    reference = Learner(LearnerConfig(dim=3, gamma=0.01, seed=2, holdout=0.2, holdout_window=400))
+    reference.learn_many(X, y, holdout=flags)
+    want = reference.certificate(delta=0.1, threshold=3.0)
+    got = client.certificate(name, delta=0.1, threshold=3.0, min_version=900)
+    assert got.raw == json.loads(json.dumps(want.to_dict()))
+    assert got.false_accept.bound == want.false_accept.bound and got.version == 900
+    with pytest.raises(InvalidInput):
+        client.certificate(name, delta=1.5)
+
+    async def run() -> float:
+        async with AsyncOPMLClient(service.url, retry=FAST_RETRY) as c:
+            return (await c.certificate(name, method="kl")).triplet_error.bound
+
+    kl = reference.certificate(method="kl").triplet_error.bound
+    assert asyncio.run(run()) == kl
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_stream_frames_carry_holdout_flags(client: OPMLClient, name: str, binary: bool) -> None:
+    X, y = stream(300, 3, 3, seed=22)
+    flags = np.arange(300) % 4 == 0
+    client.create_model(name, 3, gamma=0.01, seed=5)
+    with client.stream(name, binary=binary) as s:
+        for lo in range(0, 290, 58):
+            s.send(X[lo : lo + 58], y[lo : lo + 58], holdout=flags[lo : lo + 58])
+        for i in range(290, 300):  # single-sample frames
+            s.send(X[i], y[i], holdout=bool(flags[i]))
+    reference = Learner(LearnerConfig(dim=3, gamma=0.01, seed=5))
+    reference.learn_many(X, y, holdout=flags)
+    np.testing.assert_array_equal(client.metric(name, min_version=300), reference.L)
+    model = client.get_model(name)  # logged when the stream closed; applied now (min_version)
+    assert model.updates["held_out"] == flags.sum() == reference.counts["held_out"]

@@ -37,6 +37,9 @@ SHARED_ENV = {
     "OPML_MIN_VERSION_WAIT_S": "3",  # a read-your-writes wait must not flake on a busy machine
     "OPML_CHECKPOINT_EVERY": "64",
     "OPML_MAX_GALLERY": "300",
+    # certificate gauges of the models that hold samples out (test_certificates, the alert)
+    "OPML_CERTIFICATE_EVERY": "100",
+    "OPML_CERTIFICATE_FALSE_ACCEPT_TARGET": "0.05",
 }
 
 

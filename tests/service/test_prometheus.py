@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 from websockets.sync.client import connect
@@ -129,6 +130,27 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: httpx.Client) 
         "OpmlVerificationEerJump",
     } <= set(alert_exprs())  # fmt: skip
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
+
+
+def test_the_false_accept_alert_goes_pending_for_a_model_above_its_target(
+    prometheus: httpx.Client, api: httpx.Client, name: str
+) -> None:
+    """Labels unrelated to the features: about half the impostor pairs are accepted, far above
+    the shared service's target of 0.05 (SHARED_ENV), so the certified bound is too."""
+    rng = np.random.default_rng(9)
+    X, y = rng.normal(size=(600, 3)), [f"c{k}" for k in rng.integers(3, size=600)]
+    make_model(api, name, 3, holdout=0.5, seed=1)
+    rows = [{"x": X[i].tolist(), "y": y[i]} for i in range(600)]
+    for lo in range(0, 600, 200):
+        api.post(f"/v1/models/{name}/samples", json={"samples": rows[lo : lo + 200]})
+    alert = f'ALERTS{{alertname="OpmlCertifiedFalseAcceptAboveTarget", model="{name}"}}'
+    deadline = time.monotonic() + 60
+    while not (firing := query(prometheus, alert)):
+        assert time.monotonic() < deadline, "the alert never became pending"
+        time.sleep(0.25)
+    assert firing[0]["metric"]["alertstate"] == "pending"  # for: 10m
+    bound = query(prometheus, f'opml_certificate_bound{{model="{name}", quantity="false_accept"}}')
+    assert float(bound[0]["value"][1]) > 0.05
 
 
 @pytest.mark.parametrize(

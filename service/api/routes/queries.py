@@ -22,13 +22,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
 import numpy as np
-from fastapi import APIRouter, Header, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 
 from service.api import parsing
 from service.api.deps import MinVersionDep, ModelsDep, NameDep, body_doc, json_body
 from service.api.parsing import NPY, NPZ
 from service.api.presenters import model_document, verify_threshold
 from service.api.schemas import (
+    CertificateOut,
     DistanceBody,
     DistanceOut,
     DistancesOut,
@@ -243,3 +244,55 @@ async def put_metric(
     runtime = await models.lookup(name)
     await runtime.put_metric(parsing.metric(body.L, runtime.config.dim))
     return ModelOut.model_validate(model_document(runtime.status()))
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no Infinity: a non-finite number in a certificate's ``details`` (a threshold
+    off the PAC-Bayes grid) is shown as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+@router.get(
+    "/certificate",
+    response_model=CertificateOut,
+    responses={409: {"description": "Not certifiable yet: too few held-out samples (members "
+                     "`needed`, `have`), or the model holds none out."}},
+)  # fmt: skip
+async def get_certificate(
+    name: NameDep,
+    models: ModelsDep,
+    delta: Annotated[
+        float,
+        Query(gt=0, lt=1, description="The three bounds hold together with prob. >= 1 - delta."),
+    ] = 0.05,
+    method: Annotated[
+        str,
+        Query(
+            description="binomial (exact test-set bound on the held-out reservoir), kl (its "
+            "Chernoff relaxation), or pac-bayes (the randomised metric; no held-out samples).",
+            json_schema_extra={"enum": ["binomial", "kl", "pac-bayes"]},
+        ),
+    ] = "binomial",
+    threshold: Annotated[
+        float | None,
+        Query(
+            ge=0,
+            allow_inf_nan=False,
+            description="Certify at this threshold (default: "
+            "the served one, as verify uses it); fix it before looking at certificates.",
+        ),
+    ] = None,
+    min_version: MinVersionDep = None,
+) -> Response:
+    """High-confidence upper bounds on the triplet error, false accept rate and false reject
+    rate of the metric of one snapshot (README, "Certificates")."""
+    checked_delta, checked_method = parsing.certificate_args(delta, method)
+    runtime = await models.lookup(name)
+    cert = await runtime.certificate(min_version, checked_delta, checked_method, threshold)
+    return _json(_finite(cert.to_dict()))

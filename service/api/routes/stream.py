@@ -243,7 +243,7 @@ def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError
             [{"loc": ["block"], "msg": "wrong length", "type": "value_error"}],
         )
     X = np.frombuffer(raw_block, dtype=DTYPE).astype(np.float64).reshape(n, dim)
-    return head.id, BinaryFrame(head.id, Block(X, list(head.y)))
+    return head.id, BinaryFrame(head.id, Block(X, list(head.y), head.holdout))
 
 
 async def _close_with(websocket: WebSocket, error: ServiceError, code: int = 0) -> None:
