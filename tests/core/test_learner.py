@@ -218,7 +218,7 @@ def test_L_view_is_read_only() -> None:
     [
         ("dim", 0, "dim: must be >= 1"),
         ("dim", 2.5, "dim: must be an integer"),
-        ("algorithm", "lmnn", "algorithm: must be 'opml' or 'copml'"),
+        ("algorithm", "lmnn", "algorithm: must be one of 'opml', 'copml', 'sgd', 'sgd_psd', 'brm'"),
         ("gamma", 0.0, "gamma: must be a finite number > 0"),
         ("gamma_pair", float("nan"), "gamma_pair: must be a finite number > 0"),
         ("margin", -1.0, "margin: must be a finite number > 0"),

@@ -1,0 +1,231 @@
+"""Boundary-restricted metric (BRM, seed 003: Chen et al., Mach. Learn. 2023) and its online
+BRM-R step. Equation numbers are seed 003's; ``(3.x)`` are sections of ``seed-specs.md``.
+
+Definition 1, Eq. (7), with ``phi(x) = L x`` (``h = d``) and ``p = 2``: for ``z = L (x - y)``,
+
+    D_R(x, y) = sqrt( (1/d) sum_i R(|z_i|)^2 )          in [0, B)
+
+for a smooth increasing restriction ``R: [0, inf) -> [0, B)`` (Table 1, :data:`RESTRICTIONS`).
+The service uses the paper's default, the Sigmoid ``R(t) = 2/(1 + e^{-t}) - 1 = tanh(t/2)``
+(``B = 1``), computed with ``tanh``, which saturates instead of overflowing (3.2). Squared
+restricted distances ``D_R^2`` are in [0, 1): the service's squared-distance convention. In
+float64 a saturated coordinate rounds to ``R = 1``; reported values are kept in the open interval
+by rounding them down to the largest double below ``B`` (resp. ``B^2``), the nearest
+representable value that keeps Theorem 2's range.
+
+BRM is not a function of the Mahalanobis matrix ``M = L^T L``: it restricts each coordinate of
+``L (x - y)``, so ``L`` and ``Q L`` (``Q`` orthogonal) give different ``D_R`` (3.2). A ``brm``
+learner uses its own ``L``; any other metric is measured with the canonical factor
+``L_c = Lambda^{1/2} V^T`` of ``M = V Lambda V^T`` (:func:`canonical_factor`: principal axes,
+orthogonal rows; it depends on ``M`` only, up to the order and signs of its rows, which
+``D_R`` ignores; with tied eigenvalues any orthonormal basis of the tied space is as good).
+
+Online BRM-R step (3.4; squared-``D`` form of the relative loss Eq. (3) with the hinge):
+
+    ell = max(0, D_R^2(a) - D_R^2(b) + tau),      a = x_t - x_p,  b = x_t - x_q,
+    L <- (1 - 2 eta lam) L - (2 eta / d) [g(L a) a^T - g(L b) b^T],
+    g(z)_i = R(|z_i|) R'(|z_i|) sign(z_i) = tanh(z_i/2) (1 - tanh^2(z_i/2)) / 2   (Eq. 11),
+
+the same fused rank-two kernel as OPML and L-SGD with left vectors ``g(L a), g(L b)``
+(``|g_i| <= 1/(3 sqrt 3)``), O(d^2) per sample. The factor ``R'`` vanishes in saturation: far
+pairs stop being pushed (the "restriction"). The margin ``tau`` must be below ``B^2 = 1`` (the
+largest possible gap of ``D_R^2``); default 0.1 (3.7). No closed form: the loss is not
+quadratic in ``L``.
+
+Step rules as in :mod:`service.core.sgd`. For ``descent`` (derived here): ``t -> tanh(t/2)^2``
+has second derivative ``(1 - u)(1 - 3u)/2`` with ``u = tanh^2(t/2)``, in ``[-1/6, 1/2]``, so
+``D_R^2(L a) - D_R^2(L b)`` is ``beta``-smooth in ``L`` (Frobenius norm) with
+``beta = (||a||^2 + ||b||^2) / (2 d)``. A gradient step with ``eta beta <= 2`` does not increase
+the loss (descent lemma); the rule takes ``eta_t = min(eta, kappa / beta)``, ``kappa <= 0.5``:
+a quarter of that limit, the same fraction as L-SGD's ``s lambda_+ <= kappa`` of its limit 2.
+
+What seed 003's theory is worth (3.5): Theorem 2 (``D_R`` is a pseudo-metric; tested) holds;
+Theorems 1 and 4 are not certificates (asymptotic, resp. for a fixed ``phi``) and are not
+reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numba import njit
+
+from service.core._validation import Array
+from service.core.sgd import (
+    DESCENT,
+    STEP_RULES,
+    _single,
+    decayed,
+    rank_two,
+    rule_step,
+    spectrum,
+)
+from service.core.update import _JIT, PASSIVE, SGD_UPDATE, SKIPPED, StepResult, _admit
+
+#: The largest double below 1: saturated restricted distances are reported as this.
+BELOW_ONE = float(np.nextafter(1.0, 0.0))
+
+#: ISRU's ``omega`` (Table 1 leaves it free; 1 gives ``B = 1``).
+ISRU_OMEGA = 1.0
+
+
+def _softsign(t: Array) -> Array:
+    out: Array = np.where(np.isinf(t), 1.0, t / (1.0 + t))
+    return out
+
+
+def _isru(t: Array) -> Array:
+    with np.errstate(over="ignore", invalid="ignore"):
+        out: Array = np.where(
+            np.isinf(t), 1.0 / math.sqrt(ISRU_OMEGA), t / np.sqrt(1.0 + ISRU_OMEGA * t * t)
+        )
+    return out
+
+
+#: Table 1 of seed 003: ``name -> (R, B = sup R, R'(0))`` for ``t >= 0`` (``t = inf`` allowed).
+RESTRICTIONS: dict[str, tuple[Callable[[Array], Array], float, float]] = {
+    "sigmoid": (lambda t: np.tanh(0.5 * t), 1.0, 0.5),
+    "softsign": (_softsign, 1.0, 1.0),
+    "arctan": (np.arctan, 0.5 * math.pi, 1.0),
+    "tanh": (np.tanh, 1.0, 1.0),
+    "isru": (_isru, 1.0 / math.sqrt(ISRU_OMEGA), 1.0),
+}
+
+
+def restricted_squared_norms(Z: Any, restriction: str = "sigmoid") -> Array:
+    """``(1/d) sum_i R(|z_i|)^2`` for every row ``z`` of ``Z`` (Eq. 7 squared, ``p = 2``).
+
+    ``Z`` may hold ``inf`` (a coordinate beyond float64: ``R = B``); values are in ``[0, B^2)``
+    (see the module docstring on rounding).
+
+    >>> restricted_squared_norms([[0.0, 0.0], [1e300, 0.0], [np.inf, np.inf]]).tolist()
+    [0.0, 0.5, 0.9999999999999999]
+    """
+    R, B, _ = RESTRICTIONS[restriction]
+    A = np.abs(np.atleast_2d(np.asarray(Z, dtype=np.float64)))
+    r = R(A)
+    out: Array = np.minimum(np.einsum("ij,ij->i", r, r) / A.shape[1], np.nextafter(B * B, 0.0))
+    return out
+
+
+def canonical_factor(L: Any) -> Array:
+    """``L_c = Lambda^{1/2} V^T`` with ``L^T L = V Lambda V^T`` (3.2), from the SVD of ``L``
+    (``L = U S V^T`` gives ``Lambda = S^2`` without squaring ``L``'s condition number).
+
+    >>> Q = np.array([[0.0, 1.0], [-1.0, 0.0]])
+    >>> L = np.array([[2.0, 0.0], [0.0, 1.0]])
+    >>> bool(np.allclose(np.abs(canonical_factor(Q @ L)), np.abs(canonical_factor(L))))
+    True
+    """
+    _, s, Vt = np.linalg.svd(np.asarray(L, dtype=np.float64))
+    out: Array = s[:, None] * Vt
+    return out
+
+
+@njit(**_JIT)  # type: ignore[untyped-decorator]
+def restrict(p: Array, scale: float, g: Array) -> float:
+    """``D_R^2`` of the projected difference ``z = scale * p`` (Sigmoid, ``p = 2``); writes
+    ``g(z)`` (Eq. 11's ``R R' sign``) into ``g``."""
+    total = 0.0
+    for i in range(p.shape[0]):
+        r = math.tanh(0.5 * scale * p[i])  # R(|z|) sign(z): tanh is odd
+        total += r * r
+        g[i] = 0.5 * r * (1.0 - r * r)
+    return float(total / p.shape[0])
+
+
+@njit(**_JIT)  # type: ignore[untyped-decorator]
+def brm_triplet(
+    L: Array,
+    ab: Array,
+    scale: float,
+    bound: float,
+    t: int,
+    eta: float,
+    kappa: float,
+    lam: float,
+    rule: int,
+    margin: float,
+    out: Array,
+) -> tuple[int, float, float, float]:
+    """One online BRM-R step (3.4) on ``L~`` in place (served ``L = scale * L~``).
+
+    Writes ``ell``'s argument ``D_R^2(a) - D_R^2(b) + tau``, ``D_R^2(a)``, ``D_R^2(b)`` and
+    ``eta_t`` to ``out`` (NaN where none); returns the outcome code, the new ``scale`` and bound
+    of ``max |L~_ij|``, and ``||A||_F^2`` (for the stability diagnostics).
+    """
+    out[:] = np.nan
+    d = L.shape[0]
+    PT = np.dot(ab, L.T)  # rows: L~ a, L~ b -- one BLAS pass over L~
+    if not np.isfinite(PT).all():
+        return SKIPPED, scale, bound, math.nan
+    ga = np.empty(d)
+    gb = np.empty(d)
+    d_pos = restrict(PT[0], scale, ga)
+    d_neg = restrict(PT[1], scale, gb)
+    a, b = ab[0], ab[1]
+    s_a, _, s_b, plus, minus = spectrum(a, b)
+    fro2 = plus * plus + minus * minus
+    z = d_pos - d_neg + margin
+    out[0], out[1], out[2] = z, d_pos, d_neg
+    if not math.isfinite(fro2):
+        return SKIPPED, scale, bound, fro2
+    eta_r = rule_step(rule, eta, t)
+    c = 1.0 - 2.0 * eta_r * lam
+    if z <= 0.0:
+        if lam > 0.0:
+            scale, bound = decayed(L, scale, bound, c)
+            out[3] = eta_r
+        return PASSIVE, scale, bound, fro2
+    eta_t = eta_r
+    beta = (s_a + s_b) / (2.0 * d)  # smoothness of the restricted loss in L
+    if rule == DESCENT and beta > 0.0:
+        eta_t = min(eta_r, kappa / beta)
+    coef = 2.0 * eta_t / (d * c * scale)  # in units of L~ after the decay
+    norm_ga = math.sqrt(np.dot(ga, ga))
+    norm_gb = math.sqrt(np.dot(gb, gb))
+    new_bound = _admit(L, bound, coef * (norm_ga * math.sqrt(s_a) + norm_gb * math.sqrt(s_b)))
+    if new_bound < 0.0:
+        return SKIPPED, scale, bound, fro2
+    rank_two(L, ga, -coef * a, gb, coef * b)
+    scale, new_bound = decayed(L, scale, new_bound, c)
+    out[3] = eta_t
+    return SGD_UPDATE, scale, new_bound, fro2
+
+
+def brm_step(
+    L: Array,
+    ab: Array,
+    eta: float,
+    margin: float = 0.1,
+    step: str = "constant",
+    kappa: float = 0.5,
+    t: int = 1,
+) -> StepResult:
+    """One BRM-R step (3.4, no decay) on a C-contiguous ``L`` in place; ``ab = [a; b]``.
+
+    ``d_pos`` / ``d_neg`` of the result are restricted squared distances ``D_R^2``.
+
+    >>> L = np.eye(2)
+    >>> r = brm_step(L, np.array([[0.0, 2.0], [2.0, 0.0]]), eta=0.5, margin=0.1)
+    >>> r.outcome, r.hinge, bool(L[1, 1] < 1.0 < L[0, 0])
+    ('sgd_update', 0.1, True)
+    """
+    out = np.empty(4)
+    code, _, _, _ = brm_triplet(
+        L,
+        np.ascontiguousarray(ab, dtype=np.float64),
+        1.0,
+        float(np.abs(L).max()),
+        t,
+        eta,
+        kappa,
+        0.0,
+        STEP_RULES.index(step),
+        margin,
+        out,
+    )
+    return _single(code, out)
