@@ -73,14 +73,17 @@ ISRU_OMEGA = 1.0
 
 
 def _softsign(t: Array) -> Array:
-    out: Array = np.where(np.isinf(t), 1.0, t / (1.0 + t))
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # unused branches
+        out: Array = np.where(t > 1.0, 1.0 / (1.0 / t + 1.0), t / (1.0 + t))
     return out
 
 
 def _isru(t: Array) -> Array:
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # unused branches
         out: Array = np.where(
-            np.isinf(t), 1.0 / math.sqrt(ISRU_OMEGA), t / np.sqrt(1.0 + ISRU_OMEGA * t * t)
+            t > 1.0,
+            1.0 / np.sqrt(1.0 / (t * t) + ISRU_OMEGA),  # t^2 may overflow: divide through
+            t / np.sqrt(1.0 + ISRU_OMEGA * t * t),
         )
     return out
 

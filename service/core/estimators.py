@@ -352,9 +352,11 @@ class SGDPSD(_OnlineMetric):
     """Projected online SGD on ``M = L^T L`` (``algorithm="sgd_psd"``, :mod:`service.core.psd`):
     the convex setting of seed 000; **O(d^3) per active step** (an eigendecomposition).
 
-    Hyperparameters as :class:`SGD` (default ``mu = 0.1``: a smooth loss); no cold-start
-    pre-stage. ``learner_.stability()`` reports the step-mass diagnostics, with Lemma 2's
-    ``gamma_hat`` when every step met the 1-expansiveness condition.
+    Hyperparameters as :class:`SGD`, with defaults ``eta = 2e-3`` (a step on ``M``: near
+    ``M = I`` it matches OPML's and SGD's steps on ``L`` to first order) and ``mu = 0.1`` (a
+    smooth loss); no cold-start pre-stage. ``learner_.stability()`` reports the step-mass
+    diagnostics, with Lemma 2's ``gamma_hat`` when every step met the 1-expansiveness
+    condition.
 
     >>> from service.core import SGDPSD
     >>> X = [[0.0, 0.0], [0.0, 0.5], [0.3, 0.0], [0.3, 0.5], [0.0, 0.1], [0.2, 0.5]]
@@ -369,7 +371,7 @@ class SGDPSD(_OnlineMetric):
 
     def __init__(
         self,
-        eta: float = 5e-4,
+        eta: float = 2e-3,
         mu: float = 0.1,
         step: StepRule = "descent",
         kappa: float | None = None,
@@ -407,7 +409,7 @@ class BRM(_OnlineMetric):
 
     def __init__(
         self,
-        eta: float = 1e-2,
+        eta: float = 0.3,
         step: StepRule = "descent",
         kappa: float | None = None,
         lam: float = 0.0,

@@ -71,7 +71,10 @@ Normalize = Literal["none", "l2"]
 #: gamma    > 0: OPML's step (Eqs. 12, 16)
 #: margin   > 0; for ``brm`` (its tau, a gap of ``D_R^2`` in [0, 1)) also < 1
 #: step     ``"constant"``, ``"descent"`` or ``"invsqrt"`` (:mod:`service.core.sgd`)
-#: eta      > 0: the gradient step eta_0
+#: eta      > 0: the gradient step eta_0. Defaults: ``sgd`` ``gamma / 2`` and ``sgd_psd``
+#:          ``2 gamma``, the first-order match of OPML's step (``L -> L (I - gamma A)``, i.e.
+#:          ``M -> M - 2 gamma A`` near ``M = I``); ``brm`` 0.3, the best of a grid on seed
+#:          003's Table 3 protocol (``benchmarks/results/learners.md``)
 #: mu       >= 0: smoothing of the loss (0 = hinge); ``sgd``, ``sgd_psd``
 #: kappa    in (0, 0.5]: the descent cap's fraction (1 would collapse a direction of L)
 #: lam      >= 0 with ``2 eta lam < 1`` (and ``gamma_pair lam < 1`` for ``sgd``): the decay
@@ -83,13 +86,13 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
     "sgd": {"step": "descent", "eta": 5e-4, "mu": 0.0, "kappa": 0.5, "lam": 0.0, "margin": 1.0},
     "sgd_psd": {
         "step": "descent",
-        "eta": 5e-4,
+        "eta": 2e-3,
         "mu": 0.1,
         "kappa": 0.5,
         "lam": 0.0,
         "margin": 1.0,
     },
-    "brm": {"step": "descent", "eta": 1e-2, "kappa": 0.5, "lam": 0.0, "margin": 0.1},
+    "brm": {"step": "descent", "eta": 0.3, "kappa": 0.5, "lam": 0.0, "margin": 0.1},
 }
 GRADIENT_ALGORITHMS = ("sgd", "sgd_psd", "brm")
 
@@ -139,8 +142,9 @@ class LearnerConfig:
     (samples and query vectors alike) to unit norm, where the paper's ``gamma < 1/4`` guarantee
     holds. The gradient learners' ``step``, ``eta``, ``mu``, ``kappa``, ``lam`` and each
     algorithm's defaults and ranges: :data:`ALGORITHM_DEFAULTS` (``eta = gamma / 2 = 5e-4``
-    makes hinge ``sgd`` OPML's first-order twin). A field left at its default takes the
-    algorithm's value; one the algorithm does not use stays ``None``.
+    makes hinge ``sgd`` OPML's first-order twin, ``eta = 2 gamma`` does it for ``sgd_psd``).
+    A field left at its default takes the algorithm's value; one the algorithm does not use
+    stays ``None``.
 
     >>> LearnerConfig(dim=3).algorithm
     'copml'
@@ -150,7 +154,7 @@ class LearnerConfig:
     ValueError: gamma: must be a finite number > 0, got -1
     >>> c = LearnerConfig(dim=3, algorithm="brm")
     >>> c.margin, c.step, c.eta, c.gamma
-    (0.1, 'descent', 0.01, None)
+    (0.1, 'descent', 0.3, None)
     >>> LearnerConfig(dim=3, algorithm="sgd", gamma=0.1)
     Traceback (most recent call last):
     ...

@@ -83,7 +83,7 @@ MIN_SCALE = 1e-16
 def triplet_loss(z: Any, mu: float) -> Array:
     """``l_mu(z) = mu * softplus(z / mu)`` (``mu > 0``), ``max(0, z)`` (``mu = 0``) (1.3).
 
-    Evaluated as ``mu * (max(z/mu, 0) + log1p(exp(-|z/mu|)))``: no overflow for any ``z``.
+    Evaluated as ``max(z, 0) + mu * log1p(exp(-|z| / mu))``: no overflow for any ``z``.
 
     >>> triplet_loss([-1.0, 0.0, 2.0], 0.0).tolist()
     [0.0, 0.0, 2.0]
@@ -94,8 +94,8 @@ def triplet_loss(z: Any, mu: float) -> Array:
     if mu == 0.0:
         out: Array = np.maximum(zs, 0.0)
         return out
-    u = zs / mu
-    out = mu * (np.maximum(u, 0.0) + np.log1p(np.exp(-np.abs(u))))
+    with np.errstate(over="ignore"):  # |z| / mu = inf: exp(-inf) = 0, the hinge
+        out = np.maximum(zs, 0.0) + mu * np.log1p(np.exp(-np.abs(zs) / mu))
     return out
 
 
