@@ -112,12 +112,18 @@ def account(
     """Fold one batch's steps into the per-row ``masses`` and the running ``totals``."""
     for t in range(X.shape[0]):
         x = X[t]
-        top = np.abs(x).max()
-        if top > 0.0:  # ||x|| without overflow
+        total = 0.0
+        for v in x:
+            total += v * v
+        norm = math.sqrt(total)
+        if not 1e-300 < total < math.inf:  # under- or overflow: ||x|| from x / max |x_i|
+            top = np.abs(x).max()
             total = 0.0
-            for v in x:
-                total += (v / top) * (v / top)
-            totals[NORM_MAX] = max(totals[NORM_MAX], top * math.sqrt(total))
+            if top > 0.0:
+                for v in x:
+                    total += (v / top) * (v / top)
+            norm = top * math.sqrt(total)
+        totals[NORM_MAX] = max(totals[NORM_MAX], norm)
         slot, c, code = slots[t], known[t], codes[t]
         if code == NEW_CLASS:
             masses[slot] = 0.0
