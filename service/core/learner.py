@@ -614,13 +614,21 @@ class Learner:
         return self._restricted(As, Bs)
 
     def _restricted(self, A: Array, B: Array) -> Array:
-        half = 0.5 * B - 0.5 * A  # (b - a) / 2 never overflows
-        top = np.abs(half).max(axis=1, keepdims=True)
-        top[top == 0.0] = 1.0
+        """``D_R^2`` of the rows of ``B`` against ``A`` (one row, or one per row of ``B``), in
+        blocks of :data:`_QUERY_BLOCK` rows that stay in cache."""
+        LT = self._restricted_factor().T
+        out: Array = np.empty(len(B))
         with _quiet():
-            W = (half / top) @ self._restricted_factor().T
-            Z = (top * np.abs(W)) * 2.0  # finite or inf, never inf * 0
-        return restricted_squared_norms(Z)
+            for start in range(0, len(B), _QUERY_BLOCK):
+                rows = slice(start, start + _QUERY_BLOCK)
+                half = 0.5 * B[rows] - 0.5 * (A if len(A) == 1 else A[rows])  # never overflows
+                top = np.abs(half).max(axis=1, keepdims=True)
+                top[top == 0.0] = 1.0
+                Z = np.abs(np.divide(half, top, out=half) @ LT)
+                Z *= top  # finite or inf, never inf * 0
+                Z *= 2.0
+                out[rows] = restricted_squared_norms(Z)
+        return out
 
     def restricted_squared_distance(self, a: Any, b: Any) -> float:
         """``D_R^2(a, b)`` in [0, 1) (see :meth:`restricted_squared_distances`)."""
