@@ -114,6 +114,17 @@ def restricted_squared_norms(Z: Any, restriction: str = "sigmoid") -> Array:
     return out
 
 
+def restricted_root(squared: Any) -> Array:
+    """``D_R = sqrt(D_R^2)``, kept below 1 (the square root of the largest double below 1
+    rounds to 1).
+
+    >>> restricted_root([0.25, BELOW_ONE]).tolist()
+    [0.5, 0.9999999999999999]
+    """
+    out: Array = np.minimum(np.sqrt(np.asarray(squared, dtype=np.float64)), BELOW_ONE)
+    return out
+
+
 def canonical_factor(L: Any) -> Array:
     """``L_c = Lambda^{1/2} V^T`` with ``L^T L = V Lambda V^T`` (3.2), from the SVD of ``L``
     (``L = U S V^T`` gives ``Lambda = S^2`` without squaring ``L``'s condition number).

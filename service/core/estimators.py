@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from service.core._validation import Array, as_float_array, label_key
-from service.core.brm import BELOW_ONE
+from service.core.brm import restricted_root
 from service.core.learner import Learner, LearnerConfig, Normalize, StepRule
 
 
@@ -429,6 +429,4 @@ class BRM(_OnlineMetric):
         """``D_R`` (seed 003 Eq. 7) of ``pairs``, an array of shape ``(n, 2, d)``; in [0, 1)."""
         learner = self._fitted()
         arr = _check_pairs(pairs, learner.dim)
-        squared = learner.restricted_squared_pairs(arr[:, 0], arr[:, 1])
-        out: Array = np.minimum(np.sqrt(squared), BELOW_ONE)
-        return out
+        return restricted_root(learner.restricted_squared_pairs(arr[:, 0], arr[:, 1]))

@@ -41,7 +41,7 @@ from service.core._validation import (
     check_vector,
     label_key,
 )
-from service.core.brm import BELOW_ONE, canonical_factor, restricted_squared_norms
+from service.core.brm import canonical_factor, restricted_root, restricted_squared_norms
 from service.core.calibration import ThresholdCalibrator
 from service.core.gradient import KINDS, learn_batch_gradient
 from service.core.sgd import CONSTANT, STEP_RULES
@@ -638,7 +638,7 @@ class Learner:
     def restricted_distance(self, a: Any, b: Any) -> float:
         """``D_R(a, b)`` in [0, 1) (seed 003 Eq. 7; a saturated distance reads as the largest
         double below 1)."""
-        return min(math.sqrt(self.restricted_squared_distance(a, b)), BELOW_ONE)
+        return float(restricted_root(self.restricted_squared_distance(a, b)))
 
     # -- diagnostics -----------------------------------------------------------------------
 
