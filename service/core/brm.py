@@ -42,6 +42,9 @@ a quarter of that limit, the same fraction as L-SGD's ``s lambda_+ <= kappa`` of
 What seed 003's theory is worth (3.5): Theorem 2 (``D_R`` is a pseudo-metric; tested) holds;
 Theorems 1 and 4 are not certificates (asymptotic, resp. for a fixed ``phi``) and are not
 reported.
+
+The compiled step (:func:`~service.core.gradient.brm_triplet`) is in :mod:`service.core.gradient`
+with the loop, for numba's cache (see there).
 """
 
 from __future__ import annotations
@@ -51,19 +54,10 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from service.core._validation import Array
-from service.core.sgd import (
-    DESCENT,
-    STEP_RULES,
-    _single,
-    decayed,
-    rank_two,
-    rule_step,
-    spectrum,
-)
-from service.core.update import _JIT, PASSIVE, SGD_UPDATE, SKIPPED, StepResult, _admit
+from service.core.gradient import STEP_RULES, brm_triplet
+from service.core.update import StepResult, _single
 
 #: The largest double below 1: saturated restricted distances are reported as this.
 BELOW_ONE = float(np.nextafter(1.0, 0.0))
@@ -137,77 +131,6 @@ def canonical_factor(L: Any) -> Array:
     _, s, Vt = np.linalg.svd(np.asarray(L, dtype=np.float64))
     out: Array = s[:, None] * Vt
     return out
-
-
-@njit(**_JIT)  # type: ignore[untyped-decorator]
-def restrict(p: Array, scale: float, g: Array) -> float:
-    """``D_R^2`` of the projected difference ``z = scale * p`` (Sigmoid, ``p = 2``); writes
-    ``g(z)`` (Eq. 11's ``R R' sign``) into ``g``."""
-    total = 0.0
-    for i in range(p.shape[0]):
-        r = math.tanh(0.5 * scale * p[i])  # R(|z|) sign(z): tanh is odd
-        total += r * r
-        g[i] = 0.5 * r * (1.0 - r * r)
-    return float(total / p.shape[0])
-
-
-@njit(**_JIT)  # type: ignore[untyped-decorator]
-def brm_triplet(
-    L: Array,
-    ab: Array,
-    scale: float,
-    bound: float,
-    t: int,
-    eta: float,
-    kappa: float,
-    lam: float,
-    rule: int,
-    margin: float,
-    out: Array,
-) -> tuple[int, float, float, float]:
-    """One online BRM-R step (3.4) on ``L~`` in place (served ``L = scale * L~``).
-
-    Writes ``ell``'s argument ``D_R^2(a) - D_R^2(b) + tau``, ``D_R^2(a)``, ``D_R^2(b)`` and
-    ``eta_t`` to ``out`` (NaN where none); returns the outcome code, the new ``scale`` and bound
-    of ``max |L~_ij|``, and ``||A||_F^2`` (for the stability diagnostics).
-    """
-    out[:] = np.nan
-    d = L.shape[0]
-    PT = np.dot(ab, L.T)  # rows: L~ a, L~ b -- one BLAS pass over L~
-    if not np.isfinite(PT).all():
-        return SKIPPED, scale, bound, math.nan
-    ga = np.empty(d)
-    gb = np.empty(d)
-    d_pos = restrict(PT[0], scale, ga)
-    d_neg = restrict(PT[1], scale, gb)
-    a, b = ab[0], ab[1]
-    s_a, _, s_b, plus, minus = spectrum(a, b)
-    fro2 = plus * plus + minus * minus
-    z = d_pos - d_neg + margin
-    out[0], out[1], out[2] = z, d_pos, d_neg
-    if not math.isfinite(fro2):
-        return SKIPPED, scale, bound, fro2
-    eta_r = rule_step(rule, eta, t)
-    c = 1.0 - 2.0 * eta_r * lam
-    if z <= 0.0:
-        if lam > 0.0:
-            scale, bound = decayed(L, scale, bound, c)
-            out[3] = eta_r
-        return PASSIVE, scale, bound, fro2
-    eta_t = eta_r
-    beta = (s_a + s_b) / (2.0 * d)  # smoothness of the restricted loss in L
-    if rule == DESCENT and beta > 0.0:
-        eta_t = min(eta_r, kappa / beta)
-    coef = 2.0 * eta_t / (d * c * scale)  # in units of L~ after the decay
-    norm_ga = math.sqrt(np.dot(ga, ga))
-    norm_gb = math.sqrt(np.dot(gb, gb))
-    new_bound = _admit(L, bound, coef * (norm_ga * math.sqrt(s_a) + norm_gb * math.sqrt(s_b)))
-    if new_bound < 0.0:
-        return SKIPPED, scale, bound, fro2
-    rank_two(L, ga, -coef * a, gb, coef * b)
-    scale, new_bound = decayed(L, scale, new_bound, c)
-    out[3] = eta_t
-    return SGD_UPDATE, scale, new_bound, fro2
 
 
 def brm_step(

@@ -43,8 +43,7 @@ from service.core._validation import (
 )
 from service.core.brm import canonical_factor, restricted_root, restricted_squared_norms
 from service.core.calibration import ThresholdCalibrator
-from service.core.gradient import KINDS, learn_batch_gradient
-from service.core.sgd import CONSTANT, STEP_RULES
+from service.core.gradient import CONSTANT, KINDS, STEP_RULES, learn_batch_gradient
 from service.core.stability import Stability, StabilityTracker
 from service.core.update import OUTCOMES as OUTCOMES
 from service.core.update import (
@@ -415,18 +414,22 @@ class Learner:
         # Every sample draws one uniform, used when it forms a triplet (Sec. III-A), so the
         # stream of draws does not depend on how samples are batched.
         uniforms = self._rng.random(n)
+        # ... which picks the negative uniformly among the other seen classes (learn_batch
+        # does the same arithmetic for OPML/COPML; the others take these rows).
+        negatives = (uniforms * np.maximum(known - 1, 0)).astype(np.int64)
+        negatives += negatives >= slots
         codes = np.empty(n, dtype=np.int64)
         values = np.empty((n, 4))
         fro2 = np.full(n, np.nan)  # ||A_t||_F^2 of the gradient learners' steps
         if n == 1 and self.dim < _THREADED_DIM and self.config.algorithm != "sgd_psd":
-            self._run(rows, slots, known, uniforms, codes, values, fro2)
+            self._run(rows, slots, known, uniforms, negatives, codes, values, fro2)
         else:
             # The step is memory-bound with an inner dimension of 2: one BLAS thread is as
             # fast on an idle machine and several times faster on a busy one. (sgd_psd's
             # eigendecompositions always run on one: the same rounding in learn_one.)
             with _blas().limit(limits=1, user_api="blas"):
-                self._run(rows, slots, known, uniforms, codes, values, fro2)
-        self._stability.observe(rows, slots, known, uniforms, codes, fro2, self.version)
+                self._run(rows, slots, known, uniforms, negatives, codes, values, fro2)
+        self._stability.observe(rows, slots, known, negatives, codes, fro2, self.version)
         self._stats.samples_seen += n
         if n == 1:  # learn_one: spare it the array bookkeeping below
             code = int(codes[0])
@@ -445,6 +448,7 @@ class Learner:
         slots: Any,
         known: Any,
         uniforms: Array,
+        negatives: Any,
         codes: Any,
         values: Array,
         fro2: Array,
@@ -477,7 +481,7 @@ class Learner:
             rows,
             slots,
             known,
-            uniforms,
+            negatives,
             self.version,
             cfg.eta,
             cfg.gamma_pair,

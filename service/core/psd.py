@@ -24,86 +24,18 @@ next active step (the same O(d^3) as keeping ``M``, and one state for queries an
 Guards as in :mod:`service.core.sgd`; besides, a step whose projected ``M`` would have an
 eigenvalue above :data:`~service.core._validation.MAX_ABS_ENTRY` is ``skipped``, so every entry of
 ``M`` stays below it and every entry of ``L`` below its square root.
+
+The compiled step (:func:`~service.core.gradient.psd_triplet`) is in :mod:`service.core.gradient`
+with the loop, for numba's cache (see there).
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from numba import njit
 
-from service.core._validation import MAX_ABS_ENTRY, Array
-from service.core.sgd import DESCENT, STEP_RULES, _single, rule_step, slope, spectrum
-from service.core.update import _JIT, PASSIVE, SGD_UPDATE, SKIPPED, StepResult
-
-
-@njit(**_JIT)  # type: ignore[untyped-decorator]
-def psd_triplet(
-    L: Array,
-    ab: Array,
-    bound: float,
-    t: int,
-    eta: float,
-    mu: float,
-    kappa: float,
-    lam: float,
-    rule: int,
-    margin: float,
-    out: Array,
-) -> tuple[int, float, float]:
-    """One M-SGD step with PSD projection, on the factor ``L`` (``M = L^T L``) in place.
-
-    Writes ``z, d_pos, d_neg, eta_t`` to ``out`` (NaN where none); returns the outcome code,
-    the new bound of ``max |L_ij|`` and ``||A||_F^2``.
-    """
-    out[:] = np.nan
-    PT = np.dot(ab, L.T)  # rows L a, L b: a^T M a = ||L a||^2
-    d_pos = np.dot(PT[0], PT[0])
-    d_neg = np.dot(PT[1], PT[1])
-    if not (math.isfinite(d_pos) and math.isfinite(d_neg)):
-        return SKIPPED, bound, math.nan
-    z = margin + d_pos - d_neg
-    a, b = ab[0], ab[1]
-    _, _, _, plus, minus = spectrum(a, b)
-    fro2 = plus * plus + minus * minus
-    out[0], out[1], out[2] = z, d_pos, d_neg
-    if not (math.isfinite(z) and math.isfinite(fro2)):
-        return SKIPPED, bound, fro2
-    eta_r = rule_step(rule, eta, t)
-    c = 1.0 - 2.0 * eta_r * lam
-    q = slope(z, mu)
-    if q == 0.0:  # no loss gradient: M <- c M, i.e. L <- sqrt(c) L (PSD is kept)
-        if lam > 0.0:
-            r = math.sqrt(c)
-            for i in range(L.shape[0]):
-                row = L[i]
-                for j in range(L.shape[1]):
-                    row[j] *= r
-            bound *= r
-            out[3] = eta_r
-        return PASSIVE, bound, fro2
-    eta_t = eta_r
-    if rule == DESCENT and plus > 0.0:
-        eta_t = min(eta_r, kappa / (2.0 * q * plus))
-    h = eta_t * q
-    W = np.dot(L.T, L)  # M
-    n = W.shape[0]
-    for i in range(n):
-        ai, bi = h * a[i], h * b[i]
-        row = W[i]
-        for j in range(n):
-            row[j] = c * row[j] - (ai * a[j] - bi * b[j])
-    w, V = np.linalg.eigh(W)  # ascending eigenvalues, orthonormal eigenvectors in columns
-    if not (np.isfinite(w).all() and np.isfinite(V).all()) or w[-1] > MAX_ABS_ENTRY:
-        return SKIPPED, bound, fro2
-    for i in range(n):  # L = max(Lambda, 0)^{1/2} V^T: the projection's factor
-        r = math.sqrt(max(w[i], 0.0))
-        row = L[i]
-        for j in range(n):
-            row[j] = r * V[j, i]
-    out[3] = eta_t
-    return SGD_UPDATE, math.sqrt(max(w[-1], 0.0)), fro2
+from service.core._validation import Array
+from service.core.gradient import STEP_RULES, psd_triplet
+from service.core.update import StepResult, _single
 
 
 def psd_step(

@@ -48,8 +48,7 @@ import numpy as np
 from numba import njit
 
 from service.core._validation import Array
-from service.core.gradient import negative_slot
-from service.core.sgd import INVSQRT
+from service.core.gradient import INVSQRT
 from service.core.update import (
     _JIT,
     NEW_CLASS,
@@ -97,7 +96,7 @@ def account(
     X: Array,
     slots: Any,
     known: Any,
-    uniforms: Array,
+    negatives: Any,
     codes: Any,
     fro2: Array,
     t0: int,
@@ -136,7 +135,7 @@ def account(
                 eta /= math.sqrt(t0 + t + 1)
             masses[slot] += eta  # the positive (or the pair's older sample)
             if c > 1:
-                masses[negative_slot(uniforms[t], c, slot)] += eta
+                masses[negatives[t]] += eta
             totals[STEPS] += 1.0
             totals[SUM_ETA] += eta
             if code in (PAIR_UPDATE, TRIPLET_UPDATE, SHRUNK_UPDATE, SGD_UPDATE):
@@ -153,15 +152,15 @@ class StabilityTracker:
     """The step masses of a learner's stream (see the module docstring).
 
     ``eta_triplet`` / ``eta_pair`` are the nominal steps of triplet and pair steps, ``rule``
-    a code of :data:`service.core.sgd.STEP_RULES`, ``mu`` the smoothing of ``sgd`` /
+    a code of :data:`service.core.gradient.STEP_RULES`, ``mu`` the smoothing of ``sgd`` /
     ``sgd_psd`` (``None`` for the others), ``convex`` whether the learner is M-SGD.
 
     >>> tracker = StabilityTracker(eta_triplet=0.25, eta_pair=0.0, rule=0, mu=None, lam=0.0)
     >>> X = np.eye(3)
     >>> tracker.reserve(2)
     >>> codes = np.array([0, 0, 7])                 # new_class, new_class, sgd_update
-    >>> tracker.observe(X, np.array([0, 1, 0]), np.array([0, 1, 2]), np.zeros(3), codes,
-    ...                 np.zeros(3), t0=0)
+    >>> slots, known, negatives = np.array([0, 1, 0]), np.array([0, 1, 2]), np.array([0, 0, 1])
+    >>> tracker.observe(X, slots, known, negatives, codes, np.zeros(3), t0=0)
     >>> r = tracker.report(n_classes=2)
     >>> r.step_mass_max, r.n_samples, r.n_updates, r.gamma_hat
     (0.25, 3, 1, None)
@@ -197,7 +196,7 @@ class StabilityTracker:
         X: Array,
         slots: Any,
         known: Any,
-        uniforms: Array,
+        negatives: Any,
         codes: Any,
         fro2: Array,
         t0: int,
@@ -207,7 +206,7 @@ class StabilityTracker:
             X,
             slots,
             known,
-            uniforms,
+            negatives,
             codes,
             fro2,
             t0,
