@@ -10,6 +10,8 @@ unless a module says otherwise; the gradient learners follow ``seed-specs.md`` (
 * :class:`OPML`, :class:`COPML`, :class:`SGD`, :class:`SGDPSD`, :class:`BRM` -- scikit-learn /
   metric-learn style estimators.
 * :class:`ThresholdCalibrator` -- online EER calibration of the verification threshold.
+* :class:`Certificate` / :class:`NotEnoughHeldOut` -- risk certificates of the served metric
+  (``Learner.certificate``; :mod:`service.core.certificates`, :mod:`service.core.holdout`).
 * :class:`Stability` -- step-mass diagnostics (:mod:`service.core.stability`), not a bound.
 
 The estimators are imported on first use: they pull in scikit-learn (when installed), which
@@ -19,6 +21,7 @@ the service and the command line need not pay for at start-up.
 from typing import TYPE_CHECKING, Any
 
 from service.core.calibration import Calibration, ThresholdCalibrator
+from service.core.certificates import Certificate, NotEnoughHeldOut
 from service.core.learner import OUTCOMES, Learner, LearnerConfig, normalize_rows, warm_up
 from service.core.stability import Stability
 from service.core.update import StepResult, StepResults
@@ -31,8 +34,10 @@ __all__ = [
     "SGD",
     "SGDPSD",
     "Calibration",
+    "Certificate",
     "Learner",
     "LearnerConfig",
+    "NotEnoughHeldOut",
     "Stability",
     "StepResult",
     "StepResults",

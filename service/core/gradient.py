@@ -40,6 +40,9 @@ from service.core.update import (
     eigenvalues,
 )
 
+# The kernels below compile these codes in: SGD_UPDATE became 8 when ``held_out`` took 7 (this
+# comment also changed this file, so numba's cache of the old code is dropped).
+
 #: The step-size rules, in the order of their integer codes.
 STEP_RULES = ("constant", "descent", "invsqrt")
 CONSTANT, DESCENT, INVSQRT = range(3)

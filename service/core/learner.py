@@ -43,7 +43,9 @@ from service.core._validation import (
 )
 from service.core.brm import canonical_factor, restricted_root, restricted_squared_norms
 from service.core.calibration import ThresholdCalibrator
+from service.core.certificates import Certificate, Method
 from service.core.gradient import CONSTANT, KINDS, STEP_RULES, learn_batch_gradient
+from service.core.holdout import HELD_OUT, Flags, Holdout, check_flags, check_holdout_config
 from service.core.stability import Stability, StabilityTracker
 from service.core.update import OUTCOMES as OUTCOMES
 from service.core.update import (
@@ -143,7 +145,8 @@ class LearnerConfig:
     algorithm's defaults and ranges: :data:`ALGORITHM_DEFAULTS` (``eta = gamma / 2 = 5e-4``
     makes hinge ``sgd`` OPML's first-order twin, ``eta = 2 gamma`` does it for ``sgd_psd``).
     A field left at its default takes the algorithm's value; one the algorithm does not use
-    stays ``None``.
+    stays ``None``. ``holdout``, ``holdout_window``, ``pac_bayes_prefix`` and
+    ``pac_bayes_window`` configure risk certificates (:mod:`service.core.holdout`).
 
     >>> LearnerConfig(dim=3).algorithm
     'copml'
@@ -173,6 +176,10 @@ class LearnerConfig:
     mu: float | None = None
     kappa: float | None = None
     lam: float | None = None
+    holdout: float = 0.0
+    holdout_window: int = 5000
+    pac_bayes_prefix: int = 1000
+    pac_bayes_window: int = 0
 
     def __post_init__(self) -> None:
         if isinstance(self.dim, bool) or not isinstance(self.dim, int | np.integer):
@@ -180,8 +187,8 @@ class LearnerConfig:
         if self.dim < 1:
             raise ValueError(f"dim: must be >= 1, got {self.dim}")
         if self.algorithm not in ALGORITHM_DEFAULTS:
-            names = ", ".join(repr(name) for name in ALGORITHM_DEFAULTS)
-            raise ValueError(f"algorithm: must be one of {names}, got {self.algorithm!r}")
+            known = ", ".join(repr(name) for name in ALGORITHM_DEFAULTS)
+            raise ValueError(f"algorithm: must be one of {known}, got {self.algorithm!r}")
         if self.normalize not in ("none", "l2"):
             raise ValueError(f"normalize: must be 'none' or 'l2', got {self.normalize!r}")
         object.__setattr__(self, "dim", int(self.dim))
@@ -194,6 +201,10 @@ class LearnerConfig:
         object.__setattr__(self, "seed", int(self.seed))
         if self.calibration_window < 1:
             raise ValueError(f"calibration_window: must be >= 1, got {self.calibration_window}")
+        names = ("holdout", "holdout_window", "pac_bayes_prefix", "pac_bayes_window")
+        checked = check_holdout_config(*(getattr(self, name) for name in names))
+        for name, value in zip(names, checked, strict=True):
+            object.__setattr__(self, name, value)
 
     def _resolve(self, defaults: dict[str, Any]) -> None:
         """Fill the algorithm's defaults, refuse fields it does not use, check the ranges."""
@@ -319,6 +330,8 @@ class Learner:
         self._stats = _Stats()
         self._stability = _tracker(config)
         self.calibrator = ThresholdCalibrator(config.calibration_window)
+        #: Held-out routing, the certification reservoir, the PAC-Bayes prior and window.
+        self.holdout = Holdout(config, functools.partial(normalize_rows, how=config.normalize))
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -347,7 +360,7 @@ class Learner:
 
     @property
     def version(self) -> int:
-        """Number of samples learned so far."""
+        """Number of samples so far: learned and held out."""
         return self._stats.samples_seen
 
     @property
@@ -374,24 +387,35 @@ class Learner:
 
     # -- learning --------------------------------------------------------------------------
 
-    def learn_one(self, x: Any, y: int | str) -> StepResult:
-        """Learn one labelled sample; ValueError (and no state change) on bad input."""
+    def learn_one(self, x: Any, y: int | str, holdout: bool = False) -> StepResult:
+        """Learn one labelled sample (or hold it out: ``holdout=True``, or routed so by the
+        ``holdout`` fraction); ValueError (and no state change) on bad input."""
         xs = check_vector(x, self.dim, "x")
         key = label_key(y, "y")
-        return self._learn(xs[None, :], [key])[0]
+        return self._route(xs[None, :], [key], check_flags(holdout, 1))[0]
 
-    def learn_many(self, X: Any, y: Any) -> StepResults:
+    def learn_many(self, X: Any, y: Any, holdout: Any = None) -> StepResults:
         """Learn the rows of ``X`` in order; the same final state as a :meth:`learn_one` loop.
 
-        Everything is validated before the first sample is learned, so bad input anywhere in
-        the batch changes nothing. The results are a sequence of :class:`StepResult`.
+        ``holdout``: booleans, True for rows to hold out (besides those routed by the
+        ``holdout`` fraction). Everything is validated before the first sample is learned, so
+        bad input anywhere in the batch changes nothing. The results are a sequence of
+        :class:`StepResult`.
         """
         Xs = check_matrix(X, self.dim, "X")
         labels = list(y) if not isinstance(y, str) else [y]
         if len(labels) != Xs.shape[0]:
             raise ValueError(f"y: expected {Xs.shape[0]} labels, got {len(labels)}")
         keys = [label_key(label, f"y[{i}]") for i, label in enumerate(labels)]
-        return self._learn(Xs, keys)
+        return self._route(Xs, keys, check_flags(holdout, len(keys)))
+
+    def _route(self, X: Array, keys: list[str], flags: Flags | None) -> StepResults:
+        """Held-out rows to the reservoir, the others through :meth:`_learn`."""
+        results, held = self.holdout.route(X, keys, flags, self._learn, self._metric)
+        if held:
+            self._stats.samples_seen += held
+            self._stats.outcomes[HELD_OUT] += held
+        return results
 
     def _learn(self, X: Array, keys: list[str]) -> StepResults:
         """Learn validated rows: classes first (buffer rows), then the compiled loop."""
@@ -429,7 +453,7 @@ class Learner:
             # eigendecompositions always run on one: the same rounding in learn_one.)
             with _blas().limit(limits=1, user_api="blas"):
                 self._run(rows, slots, known, uniforms, negatives, codes, values, fro2)
-        self._stability.observe(rows, slots, known, negatives, codes, fro2, self.version)
+        self._stability.observe(rows, slots, known, negatives, codes, fro2, self._trained())
         self._stats.samples_seen += n
         if n == 1:  # learn_one: spare it the array bookkeeping below
             code = int(codes[0])
@@ -441,6 +465,12 @@ class Learner:
             self.calibrator.observe_many(values[measured, 1], values[measured, 2])
             self._stats.outcomes += np.bincount(codes, minlength=len(OUTCOMES))
         return StepResults(codes, values)
+
+    def _trained(self) -> int:
+        """Samples learned so far (held-out ones excluded): the gradient learners' step
+        counter ``t``, so that holding samples out does not change the step sizes, and
+        ``learn_one`` and ``learn_many`` agree however held-out rows are interleaved."""
+        return self._stats.samples_seen - int(self._stats.outcomes[HELD_OUT])
 
     def _run(
         self,
@@ -482,7 +512,7 @@ class Learner:
             slots,
             known,
             negatives,
-            self.version,
+            self._trained(),
             cfg.eta,
             cfg.gamma_pair,
             cfg.mu or 0.0,
@@ -517,6 +547,23 @@ class Learner:
         self._bound = float(np.abs(self._L).max())
         self._scale = 1.0
         self._changed()
+
+    def certificate(
+        self, delta: float = 0.05, method: Method = "binomial", threshold: float | None = None
+    ) -> Certificate:
+        """Bounds on the triplet error, false accept and false reject rates of the current
+        metric at ``threshold`` (default: the served one), holding together with probability
+        ``>= 1 - delta`` (see :mod:`service.core.certificates`)."""
+        if self.config.algorithm == "brm":
+            # The certificates count errors of ||L(a - b)||^2; a brm model decides on D_R^2,
+            # which is not a function of it (service.core.brm): a bound on the other
+            # distance would be no bound on what the model serves.
+            raise ValueError(
+                "algorithm: certificates are not available for 'brm' (they bound decisions "
+                "on ||L(a - b)||^2, a brm model decides on the restricted distance)"
+            )
+        cal = self.calibrator.calibration()
+        return self.holdout.certificate(self._metric(), cal, delta, method, threshold, self.version)
 
     # -- queries on the current metric (Eqs. 1, 2) -----------------------------------------
 
@@ -682,6 +729,8 @@ class Learner:
             "scale": self._scale,
             "stability": self._stability.to_state(len(self._classes)),
         }
+        held_arrays, meta["holdout"] = self.holdout.to_state()
+        arrays.update(held_arrays)
         return arrays, meta
 
     @classmethod
@@ -713,6 +762,7 @@ class Learner:
         learner.calibrator = ThresholdCalibrator.from_state(
             arrays["calibration"], meta["calibration"]
         )
+        learner.holdout.restore(arrays, meta.get("holdout"), learner._stats.samples_seen)
         return learner
 
 

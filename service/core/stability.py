@@ -158,7 +158,7 @@ class StabilityTracker:
     >>> tracker = StabilityTracker(eta_triplet=0.25, eta_pair=0.0, rule=0, mu=None, lam=0.0)
     >>> X = np.eye(3)
     >>> tracker.reserve(2)
-    >>> codes = np.array([0, 0, 7])                 # new_class, new_class, sgd_update
+    >>> codes = np.array([0, 0, 8])                 # new_class, new_class, sgd_update
     >>> slots, known, negatives = np.array([0, 1, 0]), np.array([0, 1, 2]), np.array([0, 0, 1])
     >>> tracker.observe(X, slots, known, negatives, codes, np.zeros(3), t0=0)
     >>> r = tracker.report(n_classes=2)
