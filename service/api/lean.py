@@ -74,11 +74,18 @@ class LeanPath:
         headers = Headers(scope=scope)
         try:
             body = await _read_body(receive)
-            min_version = parsing.min_version(QueryParams(scope["query_string"]).get("min_version"))
+            query = QueryParams(scope["query_string"])
+            min_version = parsing.min_version(query.get("min_version"))
             content_type = headers.get("content-type")
             if what == "distance":
                 return await queries.answer_distance(
-                    models, name, min_version, content_type, body, headers.get("accept")
+                    models,
+                    name,
+                    min_version,
+                    content_type,
+                    body,
+                    headers.get("accept"),
+                    parsing.restricted(query.get("restricted")),
                 )
             return await queries.answer_verify(models, name, min_version, content_type, body)
         except ServiceError as exc:

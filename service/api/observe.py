@@ -1,7 +1,9 @@
 """What the API exposes for observation, besides the event metrics of :mod:`service.telemetry`:
 
 * :class:`ModelStateCollector` -- the per-model gauges (version, lag, classes, ``||L||_F``,
-  hinge, accuracy, EER, threshold, checkpoint age, ownership), read from each model's
+  hinge, accuracy, EER, threshold, checkpoint age, ownership, step mass), and
+  ``opml_model_info`` (value 1, labels ``model``, ``algorithm``, ``step``: join on ``model``
+  to break any per-model series down by algorithm), read from each model's
   :class:`~service.engine.status.ModelStatus` when Prometheus scrapes: nothing is kept in sync,
   ages are computed with the service's own clock, and a deleted model simply stops appearing;
 * :class:`HttpMetrics` -- ASGI middleware for ``opml_http_request_duration_seconds`` (RED by
@@ -45,7 +47,11 @@ _STATE = {
     "other processes export no state gauges for it.",
     "opml_checkpoint_age_seconds": "Seconds since the latest checkpoint was written (since "
     "the model was created if it has none), computed at scrape time.",
+    "opml_stability_step_mass_max": "Largest per-sample step mass max_i S_i (seed-specs 4.3): "
+    "a diagnostic of how much any one sample moved the metric, not a generalisation bound.",
 }
+#: Labels of ``opml_model_info`` besides ``model``.
+_INFO_LABELS = ["algorithm", "step"]
 
 
 def gauges(status: ModelStatus, now: float) -> dict[str, float | None]:
@@ -69,6 +75,7 @@ def gauges(status: ModelStatus, now: float) -> dict[str, float | None]:
         "opml_checkpoint_seq": status.checkpoint_seq,
         "opml_checkpoint_age_seconds": max(0.0, now - saved_at),
         "opml_model_owner": float(status.owner),
+        "opml_stability_step_mass_max": snap.stability.step_mass_max,
     }
 
 
@@ -84,6 +91,14 @@ class ModelStateCollector(Collector):
     def _families(self) -> list[GaugeMetricFamily]:
         families = [GaugeMetricFamily(n, h, labels=["model"]) for n, h in _STATE.items()]
         families.append(GaugeMetricFamily("opml_models", "Models loaded in this process."))
+        families.append(
+            GaugeMetricFamily(
+                "opml_model_info",
+                "1 for each model loaded here; its labels say how it learns (algorithm, and "
+                "the step rule of sgd / sgd_psd / brm, empty for opml / copml).",
+                labels=["model", *_INFO_LABELS],
+            )
+        )
         return families
 
     def collect(self) -> Iterator[Metric]:
@@ -94,6 +109,10 @@ class ModelStateCollector(Collector):
             for metric, value in gauges(status, now).items():
                 if value is not None:
                     families[metric].add_metric([status.name], float(value))
+            config = status.config
+            families["opml_model_info"].add_metric(
+                [status.name, config.algorithm, config.step or ""], 1.0
+            )
         families["opml_models"].add_metric([], len(statuses))
         yield from families.values()
 

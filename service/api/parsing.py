@@ -2,7 +2,8 @@
 
 * Bodies: :func:`json_body` (every JSON body of the API, through pydantic's one-pass
   ``model_validate_json``), :func:`npz_arrays` (the binary gallery of ``distance``) and
-  :func:`distance_body` (either). Query parameters: :func:`min_version`. The FastAPI routes and
+  :func:`distance_body` (either). Query parameters: :func:`min_version`, :func:`restricted`.
+  A model's configuration: :func:`learner_config`. The FastAPI routes and
   the lean path (:mod:`service.api.lean`) both call these, so they cannot disagree.
 * Values: shapes and finiteness are checked by the core's validators
   (:mod:`service.core._validation`); their ``ValueError`` becomes a 422 problem whose
@@ -22,7 +23,8 @@ from typing import IO, Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ValidationError
 
-from service.api.schemas import MAX_LABEL_CHARS, DistanceBody, Sample
+from service.api.schemas import MAX_LABEL_CHARS, DistanceBody, ModelCreate, Sample
+from service.core import LearnerConfig
 from service.core._validation import Array, check_matrix, check_metric, check_vector, label_key
 from service.errors import InvalidInput, UnsupportedMediaType
 
@@ -122,6 +124,30 @@ def min_version(raw: str | None) -> int | None:
             f"must be a seq: an integer >= 0 of at most {_MAX_DIGITS} digits",
         )
     return int(raw)
+
+
+def restricted(raw: str | None) -> bool:
+    """The ``restricted`` query parameter of ``distance``: ``true`` or ``false`` (absent: false).
+
+    >>> restricted("true"), restricted(None), restricted("false")
+    (True, False, False)
+    """
+    if raw is None or raw == "false":
+        return False
+    if raw == "true":
+        return True
+    raise invalid(["query", "restricted"], "must be true or false")
+
+
+def learner_config(body: ModelCreate) -> LearnerConfig:
+    """The core's configuration of a create body (fields left out take the algorithm's
+    defaults). The core's range checks that depend on several fields or on the algorithm
+    (its ValueError names the field) become a 422 naming ``body.<field>``."""
+    try:
+        return LearnerConfig(**body.model_dump(exclude={"name"}, exclude_none=True))
+    except ValueError as exc:
+        field, _, msg = str(exc).partition(": ")
+        raise invalid(["body", field], msg) from None
 
 
 #: Arrays of the ``.npz`` body of one-to-many ``distance``: name -> number of dimensions.

@@ -27,6 +27,7 @@ def updates(counts: dict[str, int]) -> dict[str, int]:
         "new_class": counts["new_class"],
         "single_class": counts["single_class"],
         "skipped": counts["skipped"],
+        "gradient": counts["sgd_update"],
     }
 
 
@@ -69,7 +70,13 @@ def model_document(status: ModelStatus) -> dict[str, Any]:
         "normalize": c.normalize,
         "seed": c.seed,
         "calibration_window": c.calibration_window,
+        "step": c.step,
+        "eta": c.eta,
+        "mu": c.mu,
+        "kappa": c.kappa,
+        "lam": c.lam,
         **_live(snap),
+        "stability": snap.stability.to_dict(),
         "logged_seq": status.logged_seq,
         "checkpoint": {
             "seq": status.checkpoint_seq,
