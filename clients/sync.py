@@ -39,7 +39,7 @@ from clients.types import (
 )
 
 if TYPE_CHECKING:
-    from service.core import COPML, OPML
+    from clients.estimator import Estimator
 
 #: Failures of a WebSocket that a reconnect may cure.
 WS_TRANSIENT = (ConnectionClosed, OSError, TimeoutError)
@@ -504,8 +504,10 @@ class OPMLClient:
         """Replace ``L`` (warm start from a matrix learned elsewhere)."""
         return self._send(_wire.put_metric(name, L))
 
-    def to_sklearn(self, name: str, *, min_version: int | None = None) -> OPML | COPML:
-        """A fitted :class:`service.core.OPML` / :class:`~service.core.COPML` holding the live L.
+    def to_sklearn(self, name: str, *, min_version: int | None = None) -> Estimator:
+        """A fitted estimator of the model's algorithm (:class:`service.core.OPML`,
+        :class:`~service.core.COPML`, :class:`~service.core.SGD`, :class:`~service.core.SGDPSD`
+        or :class:`~service.core.BRM`) holding the live L.
 
         For offline use (``transform``, ``pair_distance``, pipelines); see
         :func:`clients.estimator.estimator_for`.
