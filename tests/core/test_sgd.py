@@ -254,3 +254,30 @@ def test_config_defaults_by_algorithm() -> None:
 
     for config in (sgd, psd, opml, LearnerConfig(dim=2, algorithm="brm", lam=0.01)):
         assert LearnerConfig(**asdict(config)) == config
+
+
+@pytest.mark.parametrize("algorithm", ["sgd", "sgd_psd", "brm"])
+def test_held_out_samples_do_not_advance_the_step_counter(algorithm: str) -> None:
+    """``invsqrt``'s ``t`` counts learned samples: a model holding 30 % out learns exactly as a
+    model without holdout fed only the rows it learned, one at a time or in one batch."""
+    rng = np.random.default_rng(12)
+    X = rng.normal(size=(300, 3))
+    y = [f"c{k}" for k in rng.integers(3, size=300)]
+    hyper = {"dim": 3, "algorithm": algorithm, "step": "invsqrt", "eta": 0.05, "seed": 4}
+    one = Learner(LearnerConfig(**hyper, holdout=0.3))
+    outcomes = [one.learn_one(x, label).outcome for x, label in zip(X, y, strict=True)]
+    many = Learner(LearnerConfig(**hyper, holdout=0.3))
+    many.learn_many(X, y)
+    learned = [i for i, o in enumerate(outcomes) if o != "held_out"]
+    assert 0 < len(learned) < 250
+    plain = Learner(LearnerConfig(**hyper))
+    plain.learn_many(X[learned], [y[i] for i in learned])
+    np.testing.assert_array_equal(one.L, many.L)
+    np.testing.assert_array_equal(one.L, plain.L)
+    assert one.stability() == plain.stability()
+
+
+def test_brm_refuses_certificates_of_the_other_distance() -> None:
+    learner = Learner(LearnerConfig(dim=2, algorithm="brm", holdout=0.2))
+    with pytest.raises(ValueError, match=r"^algorithm: certificates are not available for 'brm'"):
+        learner.certificate()
