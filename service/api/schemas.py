@@ -133,7 +133,8 @@ class Stability(BaseModel):
 
 
 class Verification(BaseModel):
-    """The online-calibrated verification threshold (squared-distance units)."""
+    """The online-calibrated verification threshold (squared-distance units; ``D_R^2`` for a
+    ``brm`` model)."""
 
     threshold: float | None = Field(description="EER threshold of the window (null: no pairs).")
     calibrated: bool = Field(description="True once the window holds enough pairs.")
@@ -160,18 +161,22 @@ class ModelOut(BaseModel):
     normalize: str
     seed: int
     calibration_window: int
-    step: str | None
-    eta: float | None
-    mu: float | None
-    kappa: float | None
-    lam: float | None
+    step: str | None = None
+    eta: float | None = None
+    mu: float | None = None
+    kappa: float | None = None
+    lam: float | None = None
     version: int = Field(description="Seq of the last applied sample (0 before any).")
     samples_seen: int
     logged_seq: int = Field(description="Last seq in the log; logged_seq - version = lag.")
     classes: int = Field(description="Number of classes seen (rows of the buffer H).")
     updates: Updates
     verification: Verification
-    stability: Stability
+    stability: Stability | None = Field(
+        default=None,
+        description="Step-mass diagnostics (seed-specs 4.3), not a bound; null only from a "
+        "process of a version without them.",
+    )
     metric_puts: int = Field(description="PUT metric replacements applied.")
     checkpoint: CheckpointOut
     created_at: float

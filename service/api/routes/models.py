@@ -33,7 +33,12 @@ async def create_model(
     models: ModelsDep,
     forwarder: ForwarderDep,
 ) -> Response:
-    """Create a model; 409 if the name exists."""
+    """Create a model; 409 if the name exists.
+
+    ``algorithm``: ``copml`` (default), ``opml``, ``sgd``, ``sgd_psd`` or ``brm``, each with its
+    own hyperparameters and defaults (README, More learners). A hyperparameter the algorithm
+    does not use, or a combination out of range, is a 422 naming the field; nothing is created.
+    """
     placement = models.placement(body.name)
     if placement is not None and HOP_HEADER not in request.headers:
         # created by the process that will learn it: no hand-over right after the create
