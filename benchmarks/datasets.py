@@ -160,6 +160,24 @@ def load_optdigits() -> Arrays:
     return _load_keel("optdigits")
 
 
+def load_vehicle() -> Arrays:
+    """Vehicle silhouettes, 846 x 18, 4 classes (seed 003's Table 3; not in Table II)."""
+    return _load_keel("vehicle")
+
+
+def load_australian() -> Arrays:
+    """Australian credit approval, 690 x 14, 2 classes (seed 003's Table 3; not in Table II)."""
+    return _load_keel("australian")
+
+
+def load_digits() -> Arrays:
+    """scikit-learn's digits, 1797 x 64, 10 classes (the 8x8 subset of optdigits' test part)."""
+    from sklearn.datasets import load_digits as _load
+
+    X, y = _load(return_X_y=True)
+    return np.asarray(X, dtype=np.float64), _encode(np.asarray(y))
+
+
 # --------------------------------------------------------------------------------------------
 # Debian weka ARFF examples
 # --------------------------------------------------------------------------------------------

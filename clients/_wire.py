@@ -192,8 +192,11 @@ def _json_of(response: httpx.Response) -> Any:
     return response.json()
 
 
-def _version_params(min_version: int | None) -> dict[str, Any]:
-    return {} if min_version is None else {"min_version": int(min_version)}
+def _version_params(min_version: int | None, restricted: bool = False) -> dict[str, Any]:
+    params: dict[str, Any] = {} if min_version is None else {"min_version": int(min_version)}
+    if restricted:  # the service's ?restricted=true: add D_R (a brm model always does)
+        params["restricted"] = "true"
+    return params
 
 
 def create_model(name: str, dim: int, options: dict[str, Any]) -> Call[Model]:
@@ -228,35 +231,42 @@ def ingest(
     )
 
 
-def distance(name: str, a: Any, b: Any, min_version: int | None) -> Call[Distance]:
+def distance(
+    name: str, a: Any, b: Any, min_version: int | None, restricted: bool = False
+) -> Call[Distance]:
     body = {"a": vector(a, "a"), "b": vector(b, "b")}
     return Call(
         "POST",
         _model_path(name, "/distance"),
         lambda r: Distance.from_json(r.json()),
         body,
-        _version_params(min_version),
+        _version_params(min_version, restricted),
     )
 
 
 def distances(
-    name: str, a: Any, B: Any, min_version: int | None, binary: bool | None = None
+    name: str,
+    a: Any,
+    B: Any,
+    min_version: int | None,
+    binary: bool | None = None,
+    restricted: bool = False,
 ) -> Call[Distances]:
     """One to many; ``binary`` None: an ``.npz`` body when ``B`` is a 2-D numpy array of at
-    least :data:`BINARY_GALLERY_VALUES` values, else JSON."""
+    least :data:`BINARY_GALLERY_VALUES` values, else JSON. ``restricted``: the answer is JSON
+    (``.npy`` answers carry the squared distances only), whatever the body."""
     if binary is None:
         binary = isinstance(B, np.ndarray) and B.ndim == 2 and B.size >= BINARY_GALLERY_VALUES
+    params = _version_params(min_version, restricted)
     if not binary:
         body = {"a": vector(a, "a"), "b": matrix(B, "b")}
-        return Call(
-            "POST", _model_path(name, "/distance"), _distances, body, _version_params(min_version)
-        )
+        return Call("POST", _model_path(name, "/distance"), _distances, body, params)
     return Call(
         "POST",
         _model_path(name, "/distance"),
         _distances,
-        params=_version_params(min_version),
-        headers={"Content-Type": NPZ, "Accept": NPY},
+        params=params,
+        headers={"Content-Type": NPZ} if restricted else {"Content-Type": NPZ, "Accept": NPY},
         content=gallery_npz(a, B),
     )
 

@@ -2,9 +2,10 @@
 
     opml serve [--port 8000] [--data-dir data] ...         # run the service (embedded Redis)
     opml models create faces --dim 128 [--algorithm opml] [--gamma 0.001] ...
+    opml models create faces --dim 128 --algorithm sgd [--step descent] [--eta 5e-4] [--mu 0.1]
     opml models list | show faces | delete faces
     opml ingest data.csv --model faces [--label-column kind | --labels y.txt] [--resume-file r]
-    opml distance faces --a 0,0,1 --b 0,1,0 [--b 1,0,0 ...]
+    opml distance faces --a 0,0,1 --b 0,1,0 [--b 1,0,0 ...] [--restricted]
     opml verify faces --a 0,0,1 --b 0,1,0 [--threshold 0.5]
     opml gallery add gallery.csv --model faces [--id-column name | --ids ids.txt] [--batch 1000]
     opml gallery list faces | delete faces alice-0001
@@ -100,7 +101,7 @@ def _emit(args: argparse.Namespace, doc: Any, human: str) -> None:
 
 def _model_line(m: Model) -> str:
     return (
-        f"{m.name:<24} dim={m.dim:<5} {m.algorithm:<6} version={m.version:<9} "
+        f"{m.name:<24} dim={m.dim:<5} {m.algorithm:<7} version={m.version:<9} "
         f"samples={m.samples_seen:<9} classes={m.classes}"
     )
 
@@ -123,11 +124,15 @@ def cmd_serve(options: list[str]) -> NoReturn:
     serve(options, prog="opml serve")
 
 
+#: Hyperparameters of the gradient learners (sgd, sgd_psd, brm), options of ``models create``.
+GRADIENT = ("step", "eta", "mu", "kappa", "lam")
+
+
 def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
     if args.action == "create":
         options = {
             k: getattr(args, k)
-            for k in ("algorithm", "gamma", "gamma_pair", "margin", "normalize", "seed")
+            for k in ("algorithm", "gamma", "gamma_pair", "margin", "normalize", "seed", *GRADIENT)
         }
         model = client.create_model(args.name, args.dim, **options)
         _emit(args, model.raw, f"created {_model_line(model)}")
@@ -243,21 +248,34 @@ def cmd_ingest(args: argparse.Namespace, client: OPMLClient) -> int:
 
 
 def cmd_distance(args: argparse.Namespace, client: OPMLClient) -> int:
+    restricted = args.restricted
     if len(args.b) == 1:
-        d = client.distance(args.model, args.a, args.b[0], min_version=args.min_version)
-        _emit(
-            args,
-            asdict(d),
-            f"distance {d.distance:.6g} (squared {d.squared_distance:.6g}) at version {d.version}",
+        d = client.distance(
+            args.model, args.a, args.b[0], min_version=args.min_version, restricted=restricted
         )
+        doc = {k: v for k, v in asdict(d).items() if v is not None}
+        human = f"distance {d.distance:.6g} (squared {d.squared_distance:.6g})"
+        if d.restricted_distance is not None:
+            human += f", restricted {d.restricted_distance:.6g}"
+        _emit(args, doc, f"{human} at version {d.version}")
     else:
-        ds = client.distances(args.model, args.a, args.b, min_version=args.min_version)
+        ds = client.distances(
+            args.model, args.a, args.b, min_version=args.min_version, restricted=restricted
+        )
         doc = {
             "distances": ds.distances.tolist(),
             "squared_distances": ds.squared_distances.tolist(),
             "version": ds.version,
         }
-        human = "\n".join(f"{v:.6g}" for v in ds.distances) + f"\n(version {ds.version})"
+        rows = [f"{v:.6g}" for v in ds.distances]
+        if ds.restricted_distances is not None and ds.restricted_squared_distances is not None:
+            doc["restricted_distances"] = ds.restricted_distances.tolist()
+            doc["restricted_squared_distances"] = ds.restricted_squared_distances.tolist()
+            rows = [
+                f"{v:.6g} restricted {r:.6g}"
+                for v, r in zip(ds.distances, ds.restricted_distances, strict=True)
+            ]
+        human = "\n".join(rows) + f"\n(version {ds.version})"
         _emit(args, doc, human)
     return EXIT_OK
 
@@ -451,9 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("name", help="model name (lower-case letters, digits, - and _)")
     create.add_argument("--dim", type=int, required=True, help="dimension d of the vectors")
     create.add_argument(
-        "--algorithm", choices=["copml", "opml"], help="copml (pairwise cold start) or opml"
+        "--algorithm",
+        choices=["copml", "opml", "sgd", "sgd_psd", "brm"],
+        help="copml (pairwise cold start), opml, sgd (triplet-loss SGD on L), sgd_psd (SGD on "
+        "M with PSD projection, O(d^3) per step), brm (boundary-restricted metric)",
     )
-    create.add_argument("--gamma", type=float, help="step size of the triplet update (Eq. 16)")
+    create.add_argument(
+        "--gamma", type=float, help="opml/copml: step size of the triplet update (Eq. 16)"
+    )
     create.add_argument(
         "--gamma-pair", type=float, help="step size of COPML's pairwise stage (Eq. 20)"
     )
@@ -462,6 +485,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--normalize", choices=["none", "l2"], help="scale samples and queries to unit norm (l2)"
     )
     create.add_argument("--seed", type=int, help="seed of the negative-class draws")
+    create.add_argument(
+        "--step",
+        choices=["constant", "descent", "invsqrt"],
+        help="sgd/sgd_psd/brm: step rule (default descent)",
+    )
+    create.add_argument("--eta", type=float, help="sgd/sgd_psd/brm: gradient step eta > 0")
+    create.add_argument("--mu", type=float, help="sgd/sgd_psd: loss smoothing >= 0 (0: hinge)")
+    create.add_argument(
+        "--kappa", type=float, help="sgd/sgd_psd/brm, step descent: cap fraction in (0, 0.5]"
+    )
+    create.add_argument(
+        "--lam", type=float, help="sgd/sgd_psd/brm: decay lambda >= 0 with 2 eta lam < 1"
+    )
     actions.add_parser("list", parents=[common], help="list the models")
     for action, helptext in (("show", "show a model"), ("delete", "delete a model and its state")):
         shown = actions.add_parser(action, parents=[common], help=helptext)
@@ -504,6 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
             "--min-version", type=int, help="answer once the model has applied this seq"
         )
         query.set_defaults(run=run)
+    sub.choices["distance"].add_argument(
+        "--restricted",
+        action="store_true",
+        help="add the restricted distance D_R in [0, 1) (a brm model always adds it)",
+    )
     sub.choices["verify"].add_argument(
         "--threshold", type=float, help="squared-distance threshold (default: the model's)"
     )

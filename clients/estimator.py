@@ -16,12 +16,15 @@ from typing import TYPE_CHECKING, Any
 from clients.types import Array, Model
 
 if TYPE_CHECKING:
-    from service.core import COPML, OPML
+    from service.core import BRM, COPML, OPML, SGD, SGDPSD
+
+    Estimator = OPML | COPML | SGD | SGDPSD | BRM
 
 
-def estimator_for(model: Model, L: Array) -> OPML | COPML:
-    """An :class:`~service.core.OPML` / :class:`~service.core.COPML` with ``model``'s
-    hyperparameters whose learner holds ``L``.
+def estimator_for(model: Model, L: Array) -> Estimator:
+    """The estimator of ``model``'s algorithm (:class:`~service.core.OPML`,
+    :class:`~service.core.COPML`, :class:`~service.core.SGD`, :class:`~service.core.SGDPSD`,
+    :class:`~service.core.BRM`) with its hyperparameters, whose learner holds ``L``.
 
     Queries (``transform``, ``pair_distance``, ``get_mahalanobis_matrix``) answer exactly as the
     service did at that ``L``. The per-class buffer stays on the service, so a later
@@ -29,24 +32,20 @@ def estimator_for(model: Model, L: Array) -> OPML | COPML:
     """
     # The core (numba, scipy: ~1 s to import) and scikit-learn load only when asked for, so
     # `import clients` and the `opml` command stay quick.
-    from service.core import COPML, OPML, Learner, LearnerConfig
+    from service.core import BRM, COPML, OPML, SGD, SGDPSD, Learner, LearnerConfig
 
-    estimator: OPML | COPML
-    hyper: dict[str, Any] = dict(
-        gamma=model.gamma, margin=model.margin, normalize=model.normalize, random_state=model.seed
-    )
-    if model.algorithm == "opml":
-        estimator = OPML(**hyper)
-    else:
-        estimator = COPML(gamma_pair=model.gamma_pair, **hyper)
+    classes = {"opml": OPML, "copml": COPML, "sgd": SGD, "sgd_psd": SGDPSD, "brm": BRM}
+    if model.algorithm not in classes:
+        raise ValueError(f"model: no estimator for algorithm {model.algorithm!r}")
+    cls: type[Estimator] = classes[model.algorithm]
+    names = [n for n in cls._get_param_names() if n != "random_state"]
+    params: dict[str, Any] = {n: getattr(model, n) for n in names}
+    estimator = cls(**params, random_state=model.seed)
     config = LearnerConfig(
         dim=model.dim,
-        algorithm="opml" if model.algorithm == "opml" else "copml",
-        gamma=model.gamma,
-        gamma_pair=model.gamma_pair,
-        margin=model.margin,
-        normalize="l2" if model.normalize == "l2" else "none",
+        algorithm=model.algorithm,  # type: ignore[arg-type]
         seed=model.seed,
+        **params,
     )
     learner = Learner(config)
     learner.set_metric(L)

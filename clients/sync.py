@@ -40,7 +40,7 @@ from clients.types import (
 )
 
 if TYPE_CHECKING:
-    from service.core import COPML, OPML
+    from clients.estimator import Estimator
 
 #: Failures of a WebSocket that a reconnect may cure.
 WS_TRANSIENT = (ConnectionClosed, OSError, TimeoutError)
@@ -316,18 +316,28 @@ class OPMLClient:
         name: str,
         dim: int,
         *,
-        algorithm: Literal["copml", "opml"] | None = None,
+        algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm"] | None = None,
         gamma: float | None = None,
         gamma_pair: float | None = None,
         margin: float | None = None,
         normalize: Literal["none", "l2"] | None = None,
         seed: int | None = None,
+        step: Literal["constant", "descent", "invsqrt"] | None = None,
+        eta: float | None = None,
+        mu: float | None = None,
+        kappa: float | None = None,
+        lam: float | None = None,
         **options: Any,
     ) -> Model:
         """Create a model (409 :class:`~clients.errors.Conflict` if the name exists).
 
-        Hyperparameters left ``None`` take the service's defaults; ``options`` passes members
-        the service accepts beyond the contract (e.g. ``calibration_window``).
+        Hyperparameters left ``None`` take the service's defaults, which depend on the
+        algorithm: ``gamma`` is OPML/COPML's step; ``step``, ``eta``, ``kappa`` (descent rule
+        only) and ``lam`` belong to ``sgd``, ``sgd_psd`` and ``brm``, ``mu`` to the first two;
+        for ``brm``, ``margin`` is tau < 1 (the README lists the ranges). A hyperparameter the
+        algorithm does not use is refused (:class:`~clients.errors.InvalidInput`, naming it).
+        ``options`` passes members the service accepts beyond the contract (e.g.
+        ``calibration_window``).
         """
         hyper = dict(
             algorithm=algorithm,
@@ -336,6 +346,11 @@ class OPMLClient:
             margin=margin,
             normalize=normalize,
             seed=seed,
+            step=step,
+            eta=eta,
+            mu=mu,
+            kappa=kappa,
+            lam=lam,
             **options,
         )
         return self._send(_wire.create_model(name, dim, hyper))
@@ -438,9 +453,18 @@ class OPMLClient:
 
     # -- queries -------------------------------------------------------------------------------
 
-    def distance(self, name: str, a: Any, b: Any, *, min_version: int | None = None) -> Distance:
-        """Distance between vectors ``a`` and ``b`` under the live metric (Eqs. 1, 2)."""
-        return self._send(_wire.distance(name, a, b, min_version))
+    def distance(
+        self,
+        name: str,
+        a: Any,
+        b: Any,
+        *,
+        min_version: int | None = None,
+        restricted: bool = False,
+    ) -> Distance:
+        """Distance between vectors ``a`` and ``b`` under the live metric (Eqs. 1, 2);
+        ``restricted=True`` adds the restricted distance ``D_R`` (a ``brm`` model always does)."""
+        return self._send(_wire.distance(name, a, b, min_version, restricted))
 
     def distances(
         self,
@@ -450,14 +474,16 @@ class OPMLClient:
         *,
         min_version: int | None = None,
         binary: bool | None = None,
+        restricted: bool = False,
     ) -> Distances:
         """Distances from ``a`` to every row of ``B`` (one to many).
 
         ``binary``: send the gallery as an ``.npz`` body and read the answer as ``.npy`` bytes
         (no JSON numbers either way; float32 arrays go as float32). None (default): when ``B``
         is a 2-D numpy array of at least ``_wire.BINARY_GALLERY_VALUES`` values; False: JSON.
+        ``restricted=True`` adds the restricted distances (the answer is then JSON).
         """
-        return self._send(_wire.distances(name, a, B, min_version, binary))
+        return self._send(_wire.distances(name, a, B, min_version, binary, restricted))
 
     def verify(
         self,
@@ -504,8 +530,10 @@ class OPMLClient:
         """Replace ``L`` (warm start from a matrix learned elsewhere)."""
         return self._send(_wire.put_metric(name, L))
 
-    def to_sklearn(self, name: str, *, min_version: int | None = None) -> OPML | COPML:
-        """A fitted :class:`service.core.OPML` / :class:`~service.core.COPML` holding the live L.
+    def to_sklearn(self, name: str, *, min_version: int | None = None) -> Estimator:
+        """A fitted estimator of the model's algorithm (:class:`service.core.OPML`,
+        :class:`~service.core.COPML`, :class:`~service.core.SGD`, :class:`~service.core.SGDPSD`
+        or :class:`~service.core.BRM`) holding the live L.
 
         For offline use (``transform``, ``pair_distance``, pipelines); see
         :func:`clients.estimator.estimator_for`.

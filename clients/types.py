@@ -55,7 +55,7 @@ class Model:
     name: str
     dim: int
     algorithm: str
-    gamma: float
+    gamma: float | None
     gamma_pair: float
     margin: float
     normalize: str
@@ -66,14 +66,24 @@ class Model:
     updates: dict[str, int]
     verification: VerificationState
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: The gradient learners' hyperparameters (``sgd``, ``sgd_psd``, ``brm``; None where the
+    #: algorithm does not use one, and for ``gamma`` of these three).
+    step: str | None = None
+    eta: float | None = None
+    mu: float | None = None
+    kappa: float | None = None
+    lam: float | None = None
+    #: Step-mass diagnostics (not a generalisation bound); None from a service without them.
+    stability: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Model:
+        step = doc.get("step")
         return cls(
             name=str(doc["name"]),
             dim=int(doc["dim"]),
             algorithm=str(doc["algorithm"]),
-            gamma=float(doc["gamma"]),
+            gamma=_opt_float(doc.get("gamma")),
             gamma_pair=float(doc["gamma_pair"]),
             margin=float(doc["margin"]),
             normalize=str(doc["normalize"]),
@@ -84,6 +94,12 @@ class Model:
             updates={str(k): int(v) for k, v in doc["updates"].items()},
             verification=VerificationState.from_json(doc["verification"]),
             raw=doc,
+            step=None if step is None else str(step),
+            eta=_opt_float(doc.get("eta")),
+            mu=_opt_float(doc.get("mu")),
+            kappa=_opt_float(doc.get("kappa")),
+            lam=_opt_float(doc.get("lam")),
+            stability=doc.get("stability"),
         )
 
 
@@ -212,31 +228,50 @@ class Ingested:
 
 @dataclass(frozen=True)
 class Distance:
-    """``squared_distance = ||L(a - b)||^2`` (Eq. 2); ``distance`` its square root (Eq. 1)."""
+    """``squared_distance = ||L(a - b)||^2`` (Eq. 2); ``distance`` its square root (Eq. 1).
+    ``restricted_distance`` (``D_R`` in [0, 1), seed 003 Eq. 7) and its square: from a ``brm``
+    model always, from the others when asked (``restricted=True``); else None."""
 
     distance: float
     squared_distance: float
     version: int
+    restricted_distance: float | None = None
+    restricted_squared_distance: float | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Distance:
-        return cls(float(doc["distance"]), float(doc["squared_distance"]), int(doc["version"]))
+        return cls(
+            float(doc["distance"]),
+            float(doc["squared_distance"]),
+            int(doc["version"]),
+            _opt_float(doc.get("restricted_distance")),
+            _opt_float(doc.get("restricted_squared_distance")),
+        )
 
 
 @dataclass(frozen=True, eq=False)
 class Distances:
-    """One-to-many distances, one entry per row of ``b``."""
+    """One-to-many distances, one entry per row of ``b`` (the restricted ones as in
+    :class:`Distance`; None from ``.npy`` answers, which carry the squared distances only)."""
 
     distances: Array
     squared_distances: Array
     version: int
+    restricted_distances: Array | None = None
+    restricted_squared_distances: Array | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Distances:
+        def optional(key: str) -> Array | None:
+            value = doc.get(key)
+            return None if value is None else np.asarray(value, dtype=np.float64)
+
         return cls(
             np.asarray(doc["distances"], dtype=np.float64),
             np.asarray(doc["squared_distances"], dtype=np.float64),
             int(doc["version"]),
+            optional("restricted_distances"),
+            optional("restricted_squared_distances"),
         )
 
 

@@ -83,7 +83,13 @@ class LeanPath:
             content_type = headers.get("content-type")
             if what == "distance":
                 return await queries.answer_distance(
-                    models, name, min_version, content_type, body, headers.get("accept")
+                    models,
+                    name,
+                    min_version,
+                    content_type,
+                    body,
+                    headers.get("accept"),
+                    parsing.restricted(query.get("restricted")),
                 )
             if what == "identify":
                 return await gallery.answer_identify(

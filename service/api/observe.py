@@ -1,8 +1,10 @@
 """What the API exposes for observation, besides the event metrics of :mod:`service.telemetry`:
 
 * :class:`ModelStateCollector` -- the per-model gauges (version, lag, classes, ``||L||_F``,
-  hinge, accuracy, EER, threshold, checkpoint age, ownership, the latest periodic
-  certificate's ``opml_certificate_*``), read from each model's
+  hinge, accuracy, EER, threshold, checkpoint age, ownership, step mass, the latest periodic
+  certificate's ``opml_certificate_*``), ``opml_model_info`` (value 1, labels ``model``,
+  ``algorithm``, ``step``: join on ``model`` to break any per-model series down by algorithm),
+  read from each model's
   :class:`~service.engine.status.ModelStatus` when Prometheus scrapes: nothing is kept in sync,
   ages are computed with the service's own clock, and a deleted model simply stops appearing;
 * :class:`HttpMetrics` -- ASGI middleware for ``opml_http_request_duration_seconds`` (RED by
@@ -47,7 +49,11 @@ _STATE = {
     "other processes export no state gauges for it.",
     "opml_checkpoint_age_seconds": "Seconds since the latest checkpoint was written (since "
     "the model was created if it has none), computed at scrape time.",
+    "opml_stability_step_mass_max": "Largest per-sample step mass max_i S_i (seed-specs 4.3): "
+    "a diagnostic of how much any one sample moved the metric, not a generalisation bound.",
 }
+#: Labels of ``opml_model_info`` besides ``model``.
+_INFO_LABELS = ["algorithm", "step"]
 
 
 def gauges(status: ModelStatus, now: float) -> dict[str, float | None]:
@@ -71,6 +77,7 @@ def gauges(status: ModelStatus, now: float) -> dict[str, float | None]:
         "opml_checkpoint_seq": status.checkpoint_seq,
         "opml_checkpoint_age_seconds": max(0.0, now - saved_at),
         "opml_model_owner": float(status.owner),
+        "opml_stability_step_mass_max": snap.stability.step_mass_max,
     }
 
 
@@ -114,6 +121,14 @@ class ModelStateCollector(Collector):
         per_model = _CERTIFICATE_MODEL.items()
         families += [GaugeMetricFamily(n, h, labels=["model"]) for n, h in per_model]
         families.append(GaugeMetricFamily(_TARGET, _TARGET_HELP))
+        families.append(
+            GaugeMetricFamily(
+                "opml_model_info",
+                "1 for each model loaded here; its labels say how it learns (algorithm, and "
+                "the step rule of sgd / sgd_psd / brm, empty for opml / copml).",
+                labels=["model", *_INFO_LABELS],
+            )
+        )
         return families
 
     def collect(self) -> Iterator[Metric]:
@@ -134,6 +149,10 @@ class ModelStateCollector(Collector):
                     families["opml_certificate_tuples"].add_metric(labels, bound.m)
                 families["opml_certificate_version"].add_metric([status.name], cert.version or 0)
                 families["opml_certificate_delta"].add_metric([status.name], cert.delta)
+            config = status.config
+            families["opml_model_info"].add_metric(
+                [status.name, config.algorithm, config.step or ""], 1.0
+            )
         families["opml_models"].add_metric([], len(statuses))
         if self.false_accept_target is not None:
             families[_TARGET].add_metric([], self.false_accept_target)

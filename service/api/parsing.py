@@ -2,9 +2,9 @@
 
 * Bodies: :func:`json_body` (every JSON body of the API, through pydantic's one-pass
   ``model_validate_json``), :func:`npz_arrays` (the binary bodies), :func:`distance_body` and
-  :func:`identify_body` (JSON or ``.npz`` each). Query parameters: :func:`min_version`. The
-  FastAPI routes and the lean path (:mod:`service.api.lean`) both call these, so they cannot
-  disagree.
+  :func:`identify_body` (JSON or ``.npz`` each). Query parameters: :func:`min_version`,
+  :func:`restricted`. A model's configuration: :func:`learner_config`. The FastAPI routes and
+  the lean path (:mod:`service.api.lean`) both call these, so they cannot disagree.
 * Values: shapes and finiteness are checked by the core's validators
   (:mod:`service.core._validation`); their ``ValueError`` becomes a 422 problem whose
   ``errors`` item points at the bad field (``loc``).
@@ -33,8 +33,10 @@ from service.api.schemas import (
     DistanceBody,
     GalleryItem,
     IdentifyBody,
+    ModelCreate,
     Sample,
 )
+from service.core import LearnerConfig
 from service.core._validation import Array, check_matrix, check_metric, check_vector, label_key
 from service.core.certificates import Method, check_certificate_args
 from service.core.holdout import Flags
@@ -169,6 +171,30 @@ non-identical tuples up to delta = 0.3 (0.1 per quantity); got 0.5: use method='
     except ValueError as exc:
         name, _, msg = str(exc).partition(": ")
         raise invalid(["query", name], msg) from None
+
+
+def restricted(raw: str | None) -> bool:
+    """The ``restricted`` query parameter of ``distance``: ``true`` or ``false`` (absent: false).
+
+    >>> restricted("true"), restricted(None), restricted("false")
+    (True, False, False)
+    """
+    if raw is None or raw == "false":
+        return False
+    if raw == "true":
+        return True
+    raise invalid(["query", "restricted"], "must be true or false")
+
+
+def learner_config(body: ModelCreate) -> LearnerConfig:
+    """The core's configuration of a create body (fields left out take the algorithm's
+    defaults). The core's range checks that depend on several fields or on the algorithm
+    (its ValueError names the field) become a 422 naming ``body.<field>``."""
+    try:
+        return LearnerConfig(**body.model_dump(exclude={"name"}, exclude_none=True))
+    except ValueError as exc:
+        field, _, msg = str(exc).partition(": ")
+        raise invalid(["body", field], msg) from None
 
 
 #: Arrays of the ``.npz`` body of one-to-many ``distance``: name -> number of dimensions.

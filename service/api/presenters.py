@@ -28,6 +28,7 @@ def updates(counts: dict[str, int]) -> dict[str, int]:
         "single_class": counts["single_class"],
         "skipped": counts["skipped"],
         "held_out": counts["held_out"],
+        "gradient": counts["sgd_update"],
     }
 
 
@@ -74,7 +75,13 @@ def model_document(status: ModelStatus) -> dict[str, Any]:
         "holdout_window": c.holdout_window,
         "pac_bayes_prefix": c.pac_bayes_prefix,
         "pac_bayes_window": c.pac_bayes_window,
+        "step": c.step,
+        "eta": c.eta,
+        "mu": c.mu,
+        "kappa": c.kappa,
+        "lam": c.lam,
         **_live(snap),
+        "stability": snap.stability.to_dict(),
         "logged_seq": status.logged_seq,
         "checkpoint": {
             "seq": status.checkpoint_seq,

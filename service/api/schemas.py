@@ -67,17 +67,31 @@ class _Body(BaseModel):
 
 
 class ModelCreate(_Body):
-    """``POST /v1/models``; omitted hyperparameters take the core's defaults."""
+    """``POST /v1/models``; omitted hyperparameters take the core's defaults, which depend on
+    the algorithm (``service.core.learner.ALGORITHM_DEFAULTS``). A hyperparameter the chosen
+    algorithm does not use is refused (422 naming it), as are combinations out of range
+    (``margin >= 1`` for ``brm``, ``2 eta lam >= 1``, ``kappa`` without ``step="descent"``)."""
 
     name: ModelName
     dim: int = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
-    algorithm: Literal["copml", "opml"] = "copml"
-    gamma: float = Field(default=1e-3, gt=0, allow_inf_nan=False, description="Triplet step size.")
-    gamma_pair: float = Field(
-        default=1e-2, gt=0, allow_inf_nan=False, description="COPML pair step."
+    algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm"] = "copml"
+    gamma: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="OPML/COPML triplet step size (default 1e-3); not used by the others.",
     )
-    margin: float = Field(
-        default=1.0, gt=0, allow_inf_nan=False, description="Hinge margin (Eq. 4)."
+    gamma_pair: float = Field(
+        default=1e-2,
+        gt=0,
+        allow_inf_nan=False,
+        description="Cold-start pair step: COPML's gamma_1, sgd's explicit twin of it.",
+    )
+    margin: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Hinge margin (Eq. 4; default 1); brm's tau in D_R^2 units, < 1 (default 0.1).",
     )
     normalize: Literal["none", "l2"] = "none"
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
@@ -108,6 +122,36 @@ class ModelCreate(_Body):
         description="PAC-Bayes: training samples after the prefix kept as the bound set "
         "(0: method=pac-bayes is off).",
     )
+    step: Literal["constant", "descent", "invsqrt"] | None = Field(
+        default=None,
+        description="Step rule of sgd, sgd_psd, brm (default descent): eta, min(eta, cap), "
+        "eta / sqrt(t).",
+    )
+    eta: float | None = Field(
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Gradient step eta_0 of sgd (default 5e-4), sgd_psd (2e-3), brm (0.3).",
+    )
+    mu: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Loss smoothing of sgd (default 0: hinge) and sgd_psd (default 0.1).",
+    )
+    kappa: float | None = Field(
+        default=None,
+        gt=0,
+        le=0.5,
+        allow_inf_nan=False,
+        description="Fraction of the descent cap, in (0, 0.5] (default 0.5; step=descent only).",
+    )
+    lam: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Decay lambda of sgd, sgd_psd, brm (default 0), with 2 eta lam < 1.",
+    )
 
 
 class Updates(BaseModel):
@@ -122,10 +166,30 @@ class Updates(BaseModel):
     single_class: int
     skipped: int
     held_out: int = Field(description="Samples routed to the certification reservoir.")
+    gradient: int = Field(description="Gradient steps of sgd, sgd_psd and brm.")
+
+
+class Stability(BaseModel):
+    """Step-mass diagnostics (seed-specs 4.3), **not a generalisation bound**. ``gamma_hat``
+    (Lemma 2's uniform-stability parameter) is a number only for ``sgd_psd`` with ``mu > 0``
+    while every step met the non-expansiveness condition; null otherwise."""
+
+    n_samples: int
+    n_steps: int = Field(description="Steps that formed a triplet or pair.")
+    n_updates: int = Field(description="Steps that changed L.")
+    sum_eta: float
+    step_mass_max: float
+    step_mass_mean: float | None
+    B: float | None = Field(description="Largest ||x|| learned.")
+    lipschitz: float | None
+    smoothness: float | None
+    capped_fraction: float | None
+    gamma_hat: float | None
 
 
 class Verification(BaseModel):
-    """The online-calibrated verification threshold (squared-distance units)."""
+    """The online-calibrated verification threshold (squared-distance units; ``D_R^2`` for a
+    ``brm`` model)."""
 
     threshold: float | None = Field(description="EER threshold of the window (null: no pairs).")
     calibrated: bool = Field(description="True once the window holds enough pairs.")
@@ -146,7 +210,7 @@ class ModelOut(BaseModel):
     name: str
     dim: int
     algorithm: str
-    gamma: float
+    gamma: float | None
     gamma_pair: float
     margin: float
     normalize: str
@@ -156,12 +220,22 @@ class ModelOut(BaseModel):
     holdout_window: int
     pac_bayes_prefix: int
     pac_bayes_window: int
+    step: str | None = None
+    eta: float | None = None
+    mu: float | None = None
+    kappa: float | None = None
+    lam: float | None = None
     version: int = Field(description="Seq of the last applied sample (0 before any).")
     samples_seen: int
     logged_seq: int = Field(description="Last seq in the log; logged_seq - version = lag.")
     classes: int = Field(description="Number of classes seen (rows of the buffer H).")
     updates: Updates
     verification: Verification
+    stability: Stability | None = Field(
+        default=None,
+        description="Step-mass diagnostics (seed-specs 4.3), not a bound; null only from a "
+        "process of a version without them.",
+    )
     metric_puts: int = Field(description="PUT metric replacements applied.")
     checkpoint: CheckpointOut
     created_at: float
@@ -286,12 +360,19 @@ class DistanceBody(_Body):
 class DistanceOut(BaseModel):
     distance: float
     squared_distance: float
+    restricted_distance: float | None = Field(
+        default=None,
+        description="D_R in [0, 1) (brm models always; others with ?restricted=true).",
+    )
+    restricted_squared_distance: float | None = None
     version: int
 
 
 class DistancesOut(BaseModel):
     distances: list[float]
     squared_distances: list[float]
+    restricted_distances: list[float] | None = None
+    restricted_squared_distances: list[float] | None = None
     version: int
 
 
@@ -302,8 +383,14 @@ class VerifyBody(_Body):
 
 
 class VerifyOut(BaseModel):
-    same: bool
+    same: bool = Field(
+        description="squared_distance <= threshold; for brm restricted_squared_distance <= "
+        "threshold."
+    )
     squared_distance: float
+    restricted_squared_distance: float | None = Field(
+        default=None, description="D_R^2 in [0, 1): brm models, which decide on it."
+    )
     threshold: float
     calibrated: bool
     threshold_source: str = Field(

@@ -1,16 +1,21 @@
-"""The OPML / COPML algorithm core: pure numpy (and scipy's BLAS), no web, Redis or asyncio.
+"""The online metric learning core: pure numpy (and scipy's BLAS), no web, Redis or asyncio.
 
 Li, Gao, Wang, Zhou, Huo, Shi, "OPML: A One-Pass Closed-Form Solution for Online Metric
-Learning", Pattern Recognition 75 (2018). Equation numbers in this package are the paper's.
+Learning", Pattern Recognition 75 (2018). Equation numbers in this package are the paper's
+unless a module says otherwise; the gradient learners follow ``seed-specs.md`` (seeds 000,
+002 and 003).
 
-* :class:`Learner` / :class:`LearnerConfig` -- the online learner the service runs.
-* :class:`OPML` / :class:`COPML` -- scikit-learn / metric-learn style estimators.
+* :class:`Learner` / :class:`LearnerConfig` -- the online learner the service runs
+  (``algorithm``: ``opml``, ``copml``, ``sgd``, ``sgd_psd``, ``brm``).
+* :class:`OPML`, :class:`COPML`, :class:`SGD`, :class:`SGDPSD`, :class:`BRM` -- scikit-learn /
+  metric-learn style estimators.
 * :class:`ThresholdCalibrator` -- online EER calibration of the verification threshold.
 * :class:`Certificate` / :class:`NotEnoughHeldOut` -- risk certificates of the served metric
   (``Learner.certificate``; :mod:`service.core.certificates`, :mod:`service.core.holdout`).
+* :class:`Stability` -- step-mass diagnostics (:mod:`service.core.stability`), not a bound.
 
-``OPML`` and ``COPML`` are imported on first use: they pull in scikit-learn (when installed),
-which the service and the command line need not pay for at start-up.
+The estimators are imported on first use: they pull in scikit-learn (when installed), which
+the service and the command line need not pay for at start-up.
 """
 
 from typing import TYPE_CHECKING, Any
@@ -18,17 +23,22 @@ from typing import TYPE_CHECKING, Any
 from service.core.calibration import Calibration, ThresholdCalibrator
 from service.core.certificates import Certificate, NotEnoughHeldOut
 from service.core.learner import OUTCOMES, Learner, LearnerConfig, normalize_rows, warm_up
+from service.core.stability import Stability
 from service.core.update import StepResult, StepResults
 
 __all__ = [
+    "BRM",
     "COPML",
     "OPML",
     "OUTCOMES",
+    "SGD",
+    "SGDPSD",
     "Calibration",
     "Certificate",
     "Learner",
     "LearnerConfig",
     "NotEnoughHeldOut",
+    "Stability",
     "StepResult",
     "StepResults",
     "ThresholdCalibrator",
@@ -36,13 +46,14 @@ __all__ = [
     "warm_up",
 ]
 
+_ESTIMATORS = ("OPML", "COPML", "SGD", "SGDPSD", "BRM")
 
 if TYPE_CHECKING:
-    from service.core.estimators import COPML, OPML
+    from service.core.estimators import BRM, COPML, OPML, SGD, SGDPSD
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("OPML", "COPML"):
+    if name in _ESTIMATORS:
         from service.core import estimators
 
         return getattr(estimators, name)

@@ -81,12 +81,25 @@ def label_key(value: Any, name: str = "y") -> str:
     raise ValueError(f"{name}: a label is a string or an integer, got {type(value).__name__}")
 
 
-def check_positive(value: Any, name: str) -> float:
-    """A finite float > 0."""
+def _number(value: Any, name: str) -> float:
     try:
         out = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name}: must be a number, got {value!r}") from None
+    return out
+
+
+def check_positive(value: Any, name: str) -> float:
+    """A finite float > 0."""
+    out = _number(value, name)
     if not np.isfinite(out) or out <= 0:
         raise ValueError(f"{name}: must be a finite number > 0, got {value!r}")
+    return out
+
+
+def check_nonnegative(value: Any, name: str) -> float:
+    """A finite float >= 0."""
+    out = _number(value, name)
+    if not np.isfinite(out) or out < 0:
+        raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
     return out

@@ -1,4 +1,5 @@
-"""scikit-learn / metric-learn style estimators: :class:`OPML` and :class:`COPML`.
+"""scikit-learn / metric-learn style estimators: :class:`OPML`, :class:`COPML`, :class:`SGD`,
+:class:`SGDPSD` and :class:`BRM` (one per ``LearnerConfig.algorithm``).
 
 They follow the metric-learn contract: hyperparameters only in ``__init__``, learned state in
 trailing-underscore attributes, ``fit`` returns ``self``, ``transform(X) = X @ components_.T``,
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from service.core._validation import Array, as_float_array, label_key
-from service.core.learner import Learner, LearnerConfig, Normalize
+from service.core.brm import restricted_root
+from service.core.learner import Learner, LearnerConfig, Normalize, StepRule
 
 
 class _ParamsBase:
@@ -130,28 +132,31 @@ def _label_keys(y: Any, n: int) -> list[str]:
     return out
 
 
+def _check_pairs(pairs: Any, dim: int) -> Array:
+    arr = as_float_array(pairs, "pairs")
+    if arr.ndim != 3 or arr.shape[1] != 2 or arr.shape[2] != dim:
+        raise ValueError(f"pairs: expected shape (n, 2, {dim}), got {arr.shape}")
+    return arr
+
+
 class _OnlineMetric(_Base):
-    """Shared body of :class:`OPML` and :class:`COPML`."""
+    """Shared body of the estimators: every ``__init__`` parameter other than
+    ``random_state`` is a :class:`LearnerConfig` field of the same name."""
 
     _algorithm: str = ""
     learner_: Learner
     n_features_in_: int
 
-    gamma: float
-    gamma_pair: float
-    margin: float
-    normalize: Normalize
     random_state: Any
 
     def _config(self, dim: int) -> LearnerConfig:
+        params = {name: getattr(self, name) for name in self._get_param_names()}
+        del params["random_state"]
         return LearnerConfig(
             dim=dim,
             algorithm=self._algorithm,  # type: ignore[arg-type]
-            gamma=self.gamma,
-            gamma_pair=getattr(self, "gamma_pair", self.gamma),
-            margin=self.margin,
-            normalize=self.normalize,
             seed=_seed_from(self.random_state),
+            **params,
         )
 
     def fit(self, X: Any, y: Any) -> Any:
@@ -210,9 +215,7 @@ class _OnlineMetric(_Base):
     def pair_distance(self, pairs: Any) -> Array:
         """Distances (Eq. 1) of ``pairs``, an array of shape ``(n, 2, d)``."""
         learner = self._fitted()
-        arr = as_float_array(pairs, "pairs")
-        if arr.ndim != 3 or arr.shape[1] != 2 or arr.shape[2] != learner.dim:
-            raise ValueError(f"pairs: expected shape (n, 2, {learner.dim}), got {arr.shape}")
+        arr = _check_pairs(pairs, learner.dim)
         n = arr.shape[0]
         Z = learner.transform(arr.reshape(2 * n, -1)).reshape(n, 2, -1)
         diff = Z[:, 0] - Z[:, 1]
@@ -298,3 +301,132 @@ class COPML(_OnlineMetric):
         self.margin = margin
         self.normalize = normalize
         self.random_state = random_state
+
+
+class SGD(_OnlineMetric):
+    """Online SGD on the triplet margin loss for ``L``: OPML's explicit twin (``algorithm="sgd"``,
+    :mod:`service.core.sgd`).
+
+    The same triplets as OPML; each active one takes the gradient step of
+    ``mu * softplus(z / mu)`` (``mu = 0``: the hinge) under the step rule ``step``
+    (``"descent"``: ``eta_t = min(eta, kappa / (2 q lambda_+))``). ``kappa=None`` is 0.5 with
+    ``step="descent"`` (other rules take no ``kappa``). ``lam`` decays ``L`` (regulariser
+    ``lam ||L||_F^2``). While one class has been seen, the pair step uses ``gamma_pair``.
+
+    >>> from service.core import SGD
+    >>> X = [[0.0, 0.0], [0.0, 0.5], [0.3, 0.0], [0.3, 0.5], [0.0, 0.1], [0.2, 0.5]]
+    >>> y = [0, 1, 0, 1, 0, 1]
+    >>> m = SGD(eta=0.05, step="constant", random_state=0).fit(X, y)
+    >>> m.learner_.counts["sgd_update"]
+    4
+    >>> bool(m.pair_distance([[[0.0, 0.0], [0.0, 0.5]]])[0] > 0.5)
+    True
+    """
+
+    _algorithm = "sgd"
+
+    def __init__(
+        self,
+        eta: float = 5e-4,
+        mu: float = 0.0,
+        step: StepRule = "descent",
+        kappa: float | None = None,
+        lam: float = 0.0,
+        gamma_pair: float = 1e-2,
+        margin: float = 1.0,
+        normalize: Normalize = "none",
+        random_state: Any = None,
+    ) -> None:
+        self.eta = eta
+        self.mu = mu
+        self.step = step
+        self.kappa = kappa
+        self.lam = lam
+        self.gamma_pair = gamma_pair
+        self.margin = margin
+        self.normalize = normalize
+        self.random_state = random_state
+
+
+class SGDPSD(_OnlineMetric):
+    """Projected online SGD on ``M = L^T L`` (``algorithm="sgd_psd"``, :mod:`service.core.psd`):
+    the convex setting of seed 000; **O(d^3) per active step** (an eigendecomposition).
+
+    Hyperparameters as :class:`SGD`, with defaults ``eta = 2e-3`` (a step on ``M``: near
+    ``M = I`` it matches OPML's and SGD's steps on ``L`` to first order) and ``mu = 0.1`` (a
+    smooth loss); no cold-start pre-stage. ``learner_.stability()`` reports the step-mass
+    diagnostics, with Lemma 2's ``gamma_hat`` when every step met the 1-expansiveness
+    condition.
+
+    >>> from service.core import SGDPSD
+    >>> X = [[0.0, 0.0], [0.0, 0.5], [0.3, 0.0], [0.3, 0.5], [0.0, 0.1], [0.2, 0.5]]
+    >>> m = SGDPSD(eta=0.05, random_state=0).fit(X, [0, 1, 0, 1, 0, 1])
+    >>> bool(np.linalg.eigvalsh(m.get_mahalanobis_matrix()).min() >= -1e-12)
+    True
+    >>> m.learner_.stability().gamma_hat is not None
+    True
+    """
+
+    _algorithm = "sgd_psd"
+
+    def __init__(
+        self,
+        eta: float = 2e-3,
+        mu: float = 0.1,
+        step: StepRule = "descent",
+        kappa: float | None = None,
+        lam: float = 0.0,
+        margin: float = 1.0,
+        normalize: Normalize = "none",
+        random_state: Any = None,
+    ) -> None:
+        self.eta = eta
+        self.mu = mu
+        self.step = step
+        self.kappa = kappa
+        self.lam = lam
+        self.margin = margin
+        self.normalize = normalize
+        self.random_state = random_state
+
+
+class BRM(_OnlineMetric):
+    """Online BRM-R (``algorithm="brm"``, :mod:`service.core.brm`): ``L`` learned under the
+    boundary-restricted distance ``D_R`` (seed 003, Sigmoid, ``p = 2``).
+
+    ``margin`` is the relative loss's ``tau`` on ``D_R^2`` (< 1); ``restricted_distance``
+    gives ``D_R`` of pairs; ``pair_distance`` stays the Mahalanobis distance of ``L``.
+
+    >>> from service.core import BRM
+    >>> X = [[0.0, 0.0], [0.0, 2.0], [2.0, 0.0], [2.0, 2.0], [0.0, 0.3], [1.8, 2.0]]
+    >>> m = BRM(eta=0.5, step="constant", random_state=0).fit(X, [0, 1, 0, 1, 0, 1])
+    >>> d = m.restricted_distance([[[0.0, 0.0], [0.0, 2.0]], [[0.0, 0.0], [2.0, 0.0]]])
+    >>> bool(0.0 <= d.min() and d.max() < 1.0)
+    True
+    """
+
+    _algorithm = "brm"
+
+    def __init__(
+        self,
+        eta: float = 0.3,
+        step: StepRule = "descent",
+        kappa: float | None = None,
+        lam: float = 0.0,
+        margin: float = 0.1,
+        normalize: Normalize = "none",
+        random_state: Any = None,
+    ) -> None:
+        self.eta = eta
+        self.step = step
+        self.kappa = kappa
+        self.lam = lam
+        self.margin = margin
+        self.normalize = normalize
+        self.random_state = random_state
+
+    def restricted_distance(self, pairs: Any) -> Array:
+        """``D_R`` (seed 003 Eq. 7) of ``pairs``, an array of shape ``(n, 2, d)``; in [0, 1)."""
+        learner = self._fitted()
+        arr = _check_pairs(pairs, learner.dim)
+        return restricted_root(learner.restricted_squared_pairs(arr[:, 0], arr[:, 1]))

@@ -65,6 +65,9 @@ MIN_EIGENVALUE = 0.1
 #: ``single_class``: OPML (no pre-stage) while one class has been seen, buffered only.
 #: ``skipped``: the step would overflow float64; ``L`` untouched. ``held_out``: routed to the
 #: certification reservoir, not learned (:mod:`service.core.holdout`; never produced here).
+#: ``sgd_update``: a gradient step of the ``sgd``, ``sgd_psd`` or ``brm`` learners
+#: (:mod:`service.core.gradient`); their passive, pair, new-class, single-class and skipped
+#: steps share the codes above.
 OUTCOMES = (
     "new_class",
     "pair_update",
@@ -74,8 +77,10 @@ OUTCOMES = (
     "single_class",
     "skipped",
     "held_out",
+    "sgd_update",
 )
 NEW_CLASS, PAIR_UPDATE, TRIPLET_UPDATE, SHRUNK_UPDATE, PASSIVE, SINGLE_CLASS, SKIPPED = range(7)
+SGD_UPDATE = 8  # after ``held_out`` (7), which is the holdout module's
 #: Outcomes of steps that formed a triplet and measured both of its distances (consecutive).
 TRIPLET_CODES = (TRIPLET_UPDATE, SHRUNK_UPDATE, PASSIVE)
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.core import Calibration, Learner
+from service.core import Calibration, Learner, Stability
 from service.storage.codec import StreamId
 
 
@@ -37,6 +37,7 @@ class Snapshot:
     ``metric`` is a private :class:`Learner` holding only a copy of ``L``; the queries call its
     methods, so their arithmetic is the core's own. ``frobenius_norm`` (``||L||_F``, O(d^2) on
     that copy) and ``hinge_loss`` (mean hinge of the calibration window) are for telemetry.
+    ``stability``: the learner's step-mass diagnostics (not a bound).
     """
 
     version: int
@@ -48,6 +49,7 @@ class Snapshot:
     metric_puts: int
     frobenius_norm: float
     hinge_loss: float | None
+    stability: Stability
 
     @classmethod
     def of(cls, learner: Learner, applied: StreamId, metric_puts: int) -> Snapshot:
@@ -66,6 +68,7 @@ class Snapshot:
             metric_puts=metric_puts,
             frobenius_norm=float(np.linalg.norm(metric.L)),
             hinge_loss=float(hinge.mean()) if len(hinge) else None,
+            stability=learner.stability(),
         )
 
 

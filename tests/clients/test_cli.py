@@ -313,3 +313,25 @@ def test_certificate_command(service: ServiceProcess, client: OPMLClient, name: 
     assert f"false accept rate  <= {kl.false_accept.bound:.4f}" in said
     assert kl.statement in said
     assert opml(service, "certificate", name, "--delta", "2").returncode == 5
+
+
+def test_gradient_learner_create_and_restricted_distance(
+    service: ServiceProcess, client: OPMLClient, name: str
+) -> None:
+    created = ok_json(
+        service, "models", "create", name, "--dim", "3", "--algorithm", "brm", "--eta", "0.2",
+        "--step", "invsqrt", "--lam", "0.001", "--margin", "0.3",
+    )  # fmt: skip
+    assert {k: created[k] for k in ("algorithm", "eta", "step", "lam", "margin", "kappa")} == {
+        "algorithm": "brm", "eta": 0.2, "step": "invsqrt", "lam": 0.001, "margin": 0.3,
+        "kappa": None,
+    }  # fmt: skip
+    X, y = stream(60, 3, 2, seed=4)
+    client.ingest(name, X, y, wait=True)
+    a, b, c = (",".join(map(repr, v.tolist())) for v in X[:3])
+    d = ok_json(service, "distance", name, f"--a={a}", f"--b={b}")  # brm: always restricted
+    assert d["restricted_distance"] == client.distance(name, X[0], X[1]).restricted_distance
+    said = opml(service, "distance", name, f"--a={a}", f"--b={b}", f"--b={c}", "--restricted")
+    assert said.returncode == 0 and said.stdout.count("restricted") == 2, said.stdout
+    refused = opml(service, "models", "create", f"{name}-x", "--dim", "3", "--kappa", "0.9")
+    assert refused.returncode == 5 and "kappa" in refused.stderr

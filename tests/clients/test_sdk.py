@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import numpy as np
@@ -489,3 +490,48 @@ def test_stream_frames_carry_holdout_flags(client: OPMLClient, name: str, binary
     np.testing.assert_array_equal(client.metric(name, min_version=300), reference.L)
     model = client.get_model(name)  # logged when the stream closed; applied now (min_version)
     assert model.updates["held_out"] == flags.sum() == reference.counts["held_out"]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "hyper", "estimator"),
+    [
+        ("sgd", {"eta": 0.003, "mu": 0.1, "step": "invsqrt", "lam": 0.01}, "SGD"),
+        ("sgd_psd", {"eta": 0.01, "kappa": 0.3}, "SGDPSD"),
+        ("brm", {"eta": 0.2, "margin": 0.2, "step": "constant"}, "BRM"),
+    ],
+)
+def test_gradient_learners_hyperparameters_restricted_distances_and_to_sklearn(
+    client: OPMLClient, name: str, algorithm: str, hyper: dict[str, Any], estimator: str
+) -> None:
+    X, y = stream(150, 3, 3, seed=6)
+    created = client.create_model(name, 3, algorithm=algorithm, seed=2, **hyper)
+    assert created.algorithm == algorithm and created.gamma is None
+    assert {k: getattr(created, k) for k in hyper} == hyper
+    client.ingest(name, X, y, wait=True)
+    ref = core_learner(X, y, dim=3, algorithm=algorithm, seed=2, **hyper)
+    model = client.get_model(name)
+    assert model.stability == ref.stability().to_dict()
+    assert model.updates["gradient"] == ref.counts["sgd_update"] > 0
+    d = client.distance(name, X[0], X[1], restricted=True)
+    assert d.restricted_squared_distance == ref.restricted_squared_distance(X[0], X[1])
+    assert d.restricted_distance == ref.restricted_distance(X[0], X[1])
+    for binary in (False, True):  # the restricted answer is JSON either way
+        many = client.distances(name, X[0], X[1:4], restricted=True, binary=binary)
+        assert many.restricted_squared_distances is not None
+        np.testing.assert_array_equal(
+            many.restricted_squared_distances, ref.restricted_squared_distances(X[0], X[1:4])
+        )
+    est = client.to_sklearn(name)
+    assert type(est).__name__ == estimator
+    np.testing.assert_array_equal(est.transform(X[:5]), ref.transform(X[:5]))
+    assert est.get_params()["random_state"] == 2
+
+
+def test_a_hyperparameter_the_algorithm_does_not_use_is_refused(
+    client: OPMLClient, name: str
+) -> None:
+    with pytest.raises(InvalidInput) as bad:
+        client.create_model(name, 3, algorithm="brm", mu=0.1)
+    assert bad.value.errors[0]["loc"] == ["body", "mu"]
+    with pytest.raises(NotFound):
+        client.get_model(name)

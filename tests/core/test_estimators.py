@@ -11,7 +11,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
-from service.core import COPML, OPML
+from service.core import BRM, COPML, OPML, SGD, SGDPSD
 from service.core.estimators import NotFittedError, _ParamsBase
 
 
@@ -28,8 +28,11 @@ def blobs(n: int = 300, d: int = 6, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 NOT_APPLICABLE = {"check_array_api_input"}
 
 
+ALL = [OPML, COPML, SGD, SGDPSD, BRM]
+
+
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.SkipTestWarning")
-@pytest.mark.parametrize("estimator", [OPML(random_state=0), COPML(random_state=0)], ids=repr)
+@pytest.mark.parametrize("estimator", [cls(random_state=0) for cls in ALL], ids=repr)
 def test_scikit_learn_estimator_checks(estimator) -> None:
     results = check_estimator(estimator, on_fail=None)
     assert len(results) > 40
@@ -41,17 +44,22 @@ def test_scikit_learn_estimator_checks(estimator) -> None:
     assert failed == []
 
 
-@pytest.mark.parametrize("cls", [OPML, COPML])
+#: Step sizes that make every learner move on blobs().
+LARGE_STEP = {OPML: {"gamma": 0.01}, COPML: {"gamma": 0.01}, SGD: {"eta": 0.005},
+              SGDPSD: {"eta": 0.005}, BRM: {"eta": 0.1}}  # fmt: skip
+
+
+@pytest.mark.parametrize("cls", ALL)
 def test_partial_fit_over_any_split_equals_fit(cls) -> None:
     X, y = blobs()
-    whole = cls(gamma=0.01, random_state=4).fit(X, y)
-    parts = cls(gamma=0.01, random_state=4)
+    whole = cls(random_state=4, **LARGE_STEP[cls]).fit(X, y)
+    parts = cls(random_state=4, **LARGE_STEP[cls])
     for chunk in np.array_split(np.arange(len(y)), [1, 50, 51, 200]):
         parts.partial_fit(X[chunk], y[chunk])
     assert np.array_equal(whole.components_, parts.components_)
 
 
-@pytest.mark.parametrize("cls", [OPML, COPML])
+@pytest.mark.parametrize("cls", ALL)
 def test_learned_metric_helps_knn_in_a_pipeline(cls) -> None:
     X, y = blobs(n=600)
     knn = KNeighborsClassifier(n_neighbors=5)
@@ -93,6 +101,30 @@ def test_hyperparameters_reach_the_learner() -> None:
     assert OPML().fit(X, y).learner_.config.algorithm == "opml"
     with pytest.raises(ValueError, match="gamma: must be a finite number > 0"):
         OPML(gamma=-1.0).fit(X, y)
+    sgd = SGD(eta=0.01, mu=0.2, step="invsqrt", lam=0.1, gamma_pair=0.3, margin=2.0).fit(X, y)
+    c = sgd.learner_.config
+    assert (c.algorithm, c.eta, c.mu, c.step, c.kappa, c.lam, c.gamma_pair, c.margin) == (
+        "sgd", 0.01, 0.2, "invsqrt", None, 0.1, 0.3, 2.0
+    )  # fmt: skip
+    assert SGD().fit(X, y).learner_.config.kappa == 0.5  # None: the descent default
+    assert SGDPSD().fit(X, y).learner_.config.mu == 0.1
+    brm = BRM(kappa=0.25).fit(X, y).learner_.config
+    assert (brm.algorithm, brm.margin, brm.kappa, brm.eta) == ("brm", 0.1, 0.25, 0.3)
+    with pytest.raises(ValueError, match="kappa: not used by step 'constant'"):
+        SGD(step="constant", kappa=0.5).fit(X, y)
+    with pytest.raises(ValueError, match="margin: must be < 1 for brm"):
+        BRM(margin=1.0).fit(X, y)
+
+
+def test_brm_restricted_distance_of_pairs() -> None:
+    X, y = blobs(n=100)
+    m = BRM(random_state=0).fit(X, y)
+    pairs = np.stack([X[:10], X[10:20]], axis=1)
+    expected = [m.learner_.restricted_distance(a, b) for a, b in pairs]
+    assert np.allclose(m.restricted_distance(pairs), expected, rtol=1e-12)
+    assert (m.restricted_distance(pairs) < 1.0).all()
+    with pytest.raises(ValueError, match=r"pairs: expected shape \(n, 2, 6\)"):
+        m.restricted_distance(X[:4])
 
 
 def test_unfitted_and_mismatched_inputs_raise() -> None:

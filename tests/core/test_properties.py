@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.core import OUTCOMES, Learner, LearnerConfig
+from service.core.learner import GRADIENT_ALGORITHMS
 
 SCALES = [1e-150, 1e-8, 1.0, 1e4, 1e100, 1e150, 1e300]
 
@@ -29,14 +30,27 @@ def streams(draw: st.DrawFn) -> tuple[LearnerConfig, np.ndarray, list[int]]:
     else:  # the same sample, over and over, under a couple of labels
         X[:] = X[0]
         y = [int(v) for v in rng.integers(0, 2, size=n)]
+    algorithm = draw(st.sampled_from(["opml", "copml", "sgd", "sgd_psd", "brm"]))
+    steps = [1e-6, 1e-3, 0.2, 1.0, 1e6]
+    if algorithm in ("opml", "copml"):
+        own = {"gamma": draw(st.sampled_from(steps))}
+    else:
+        own = {
+            "eta": draw(st.sampled_from(steps)),
+            "step": draw(st.sampled_from(["constant", "descent", "invsqrt"])),
+            "lam": draw(st.sampled_from([0.0, 1e-9, 0.4e-6])),  # 2 eta lam < 1 for every eta
+        }
+        if algorithm != "brm":
+            own["mu"] = draw(st.sampled_from([0.0, 1e-300, 0.1, 1e6]))
+    margins = [1e-6, 0.5] if algorithm == "brm" else [1e-6, 1.0, 1e6]
     config = LearnerConfig(
         dim=d,
-        algorithm=draw(st.sampled_from(["opml", "copml"])),
-        gamma=draw(st.sampled_from([1e-6, 1e-3, 0.2, 1.0, 1e6])),
-        gamma_pair=draw(st.sampled_from([1e-3, 0.5, 1e6])),
-        margin=draw(st.sampled_from([1e-6, 1.0, 1e6])),
+        algorithm=algorithm,
+        gamma_pair=draw(st.sampled_from([1e-3, 0.5, 1e6])) if algorithm != "sgd" else 0.5,
+        margin=draw(st.sampled_from(margins)),
         normalize=draw(st.sampled_from(["none", "l2"])),
         seed=seed,
+        **own,
     )
     return config, X, y
 
@@ -59,14 +73,26 @@ def test_any_stream_keeps_L_finite_and_counts_consistent(case) -> None:
         if r.outcome == "passive":
             assert r.hinge is not None and r.hinge <= 0
         if r.outcome in ("triplet_update", "shrunk_update"):
+            assert config.gamma is not None
             assert r.hinge is not None and r.hinge > 0
             assert r.gamma is not None and 0 < r.gamma <= config.gamma
+        if r.outcome == "sgd_update":
+            assert config.eta is not None and r.gamma is not None and 0 < r.gamma <= config.eta
+            assert r.hinge is not None and (r.hinge > 0 or config.mu)
         if r.outcome == "pair_update":
-            assert config.algorithm == "copml"
-    if config.algorithm == "opml":
+            assert config.algorithm in ("copml", "sgd")
+    if config.algorithm in ("opml", "sgd_psd", "brm"):
         assert learner.counts["pair_update"] == 0
+    if config.algorithm in GRADIENT_ALGORITHMS:
+        assert learner.counts["triplet_update"] == learner.counts["shrunk_update"] == 0
+    else:
+        assert learner.counts["sgd_update"] == 0
+    stability = learner.stability()
+    assert stability.n_samples == len(y)
+    assert stability.gamma_hat is None or config.algorithm == "sgd_psd"
     cal = learner.calibrator.calibration()
-    triplets = sum(learner.counts[k] for k in ("triplet_update", "shrunk_update", "passive"))
+    measured = ("triplet_update", "shrunk_update", "passive", "sgd_update")
+    triplets = sum(learner.counts[k] for k in measured)
     assert cal.pairs == min(triplets, learner.calibrator.window)
 
 
@@ -82,6 +108,7 @@ def test_queries_after_any_stream_are_finite_or_overflow_honestly(case, cut) -> 
     if np.isfinite(d2):
         assert np.isclose(np.sqrt(d2), learner.distance(a, b))
     assert not np.isnan(learner.transform(X[:3])).any()
+    assert 0.0 <= learner.restricted_distance(a, b) < 1.0
 
 
 @settings(max_examples=40, deadline=None)

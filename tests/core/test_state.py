@@ -29,7 +29,17 @@ def round_trip(learner: Learner) -> Learner:
     return Learner.from_state(loaded, json.loads(text))
 
 
-@pytest.mark.parametrize("algorithm", ["opml", "copml"])
+#: Hyperparameters that exercise every path (decay, smoothing, caps) on these streams.
+HYPERPARAMETERS = {
+    "opml": {"gamma": 0.02, "margin": 2.0},
+    "copml": {"gamma": 0.02, "margin": 2.0},
+    "sgd": {"eta": 0.02, "mu": 0.2, "lam": 0.05, "step": "invsqrt", "margin": 2.0},
+    "sgd_psd": {"eta": 0.02, "lam": 0.05, "margin": 2.0},
+    "brm": {"eta": 0.2, "lam": 0.05, "margin": 0.2},
+}
+
+
+@pytest.mark.parametrize("algorithm", ["opml", "copml", "sgd", "sgd_psd", "brm"])
 @pytest.mark.parametrize("seed", range(5))
 def test_resume_at_a_random_cut_is_bit_identical(algorithm: str, seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
@@ -37,11 +47,10 @@ def test_resume_at_a_random_cut_is_bit_identical(algorithm: str, seed: int) -> N
     X, y = make_stream(600, d, int(rng.integers(2, 12)), seed)
     config = LearnerConfig(
         dim=d,
-        algorithm=algorithm,
-        gamma=0.02,
-        margin=2.0,  # type: ignore[arg-type]
+        algorithm=algorithm,  # type: ignore[arg-type]
         seed=seed,
         calibration_window=50,
+        **HYPERPARAMETERS[algorithm],
     )
     cut = int(rng.integers(0, 600))
     whole = Learner(config)
@@ -53,6 +62,7 @@ def test_resume_at_a_random_cut_is_bit_identical(algorithm: str, seed: int) -> N
     assert np.array_equal(resumed.L, whole.L)
     assert resumed.to_state()[1] == whole.to_state()[1]
     assert resumed.calibrator.calibration() == whole.calibrator.calibration()
+    assert resumed.stability() == whole.stability()
 
 
 def test_state_metadata_is_plain_json() -> None:

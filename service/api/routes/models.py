@@ -14,7 +14,6 @@ from service.api.deps import ForwarderDep, ModelsDep, NameDep, body_doc, json_bo
 from service.api.forward import HOP_HEADER, Forwarder
 from service.api.presenters import model_document
 from service.api.schemas import ModelCreate, ModelList, ModelOut
-from service.core import LearnerConfig
 from service.engine.registry import Registry
 from service.engine.runtime import ModelRuntime, NotServedHere
 from service.errors import Unavailable
@@ -34,7 +33,12 @@ async def create_model(
     models: ModelsDep,
     forwarder: ForwarderDep,
 ) -> Response:
-    """Create a model; 409 if the name exists."""
+    """Create a model; 409 if the name exists.
+
+    ``algorithm``: ``copml`` (default), ``opml``, ``sgd``, ``sgd_psd`` or ``brm``, each with its
+    own hyperparameters and defaults (README, More learners). A hyperparameter the algorithm
+    does not use, or a combination out of range, is a 422 naming the field; nothing is created.
+    """
     placement = models.placement(body.name)
     if placement is not None and HOP_HEADER not in request.headers:
         # created by the process that will learn it: no hand-over right after the create
@@ -46,7 +50,7 @@ async def create_model(
         raise parsing.invalid(
             ["body", "dim"], f"must be <= {models.settings.max_dim} (OPML_MAX_DIM)"
         )
-    config = LearnerConfig(**body.model_dump(exclude={"name"}))
+    config = parsing.learner_config(body)
     runtime = await models.create(body.name, config)
     return JSONResponse(
         ModelOut.model_validate(model_document(runtime.status())).model_dump(), status_code=201

@@ -11,6 +11,16 @@ One-to-many ``distance`` also takes a binary gallery: an ``.npz`` body
 shape (n, d), float64 or float32; read by :func:`service.api.parsing.npz_arrays`), and answers
 ``Accept: application/x-npy`` (either body) with the squared distances as ``.npy`` bytes and
 the version in header ``X-Version``.
+
+Restricted distances (issue 15; ``service.core.brm``): a ``brm`` model's ``distance`` answers
+always add ``restricted_distance`` / ``restricted_squared_distance`` (one to many:
+``restricted_distances`` / ``restricted_squared_distances``), ``D_R`` in [0, 1) under its own
+``L``, and its ``verify`` decides on ``restricted_squared_distance <= threshold`` (its
+calibrated threshold is in ``D_R^2`` units). Any other model adds them when asked with the query
+parameter ``?restricted=true`` (a query parameter, so the binary gallery can ask too), measured
+with the canonical factor of ``M = L^T L`` (an O(d^3) eigendecomposition once per published
+snapshot, then O(d^2) per pair like ``squared_distance``). ``.npy`` answers stay the plain
+squared distances.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
 
@@ -42,6 +53,7 @@ from service.api.schemas import (
     VerifyOut,
 )
 from service.core._validation import Array
+from service.core.brm import restricted_root
 from service.engine.registry import Registry
 from service.engine.runtime import ModelRuntime
 from service.engine.snapshot import Snapshot
@@ -66,20 +78,28 @@ def _json(content: dict[str, Any]) -> Response:
     return Response(_ENCODER.encode(content), media_type="application/json")
 
 
-async def squared_distances(snap: Snapshot, a: Array, B: Array) -> Array:
-    """``||L(a - b_i)||^2`` for a validated gallery; 422 if a value overflows float64."""
+async def _gallery_call(fn: Callable[[Array, Array], Array], a: Array, B: Array) -> Array:
+    """``fn(a, B)``, in a gallery thread when ``B`` is large."""
     if B.size >= THREAD_VALUES:
         loop = asyncio.get_running_loop()
-        sq = await loop.run_in_executor(_GALLERY_THREADS, snap.metric.squared_distances, a, B)
-    else:
-        sq = snap.metric.squared_distances(a, B)
+        return await loop.run_in_executor(_GALLERY_THREADS, fn, a, B)
+    return fn(a, B)
+
+
+async def squared_distances(snap: Snapshot, a: Array, B: Array) -> Array:
+    """``||L(a - b_i)||^2`` for a validated gallery; 422 if a value overflows float64."""
+    sq = await _gallery_call(snap.metric.squared_distances, a, B)
     return parsing.finite_or_422(sq, "squared_distance")
 
 
-async def distance_answer(snap: Snapshot, a: Any, b: Any, *, npy: bool) -> Response:
+async def distance_answer(
+    snap: Snapshot, a: Any, b: Any, *, npy: bool, restricted: bool = False
+) -> Response:
     """The answer of ``distance``: ``a`` a vector; ``b`` a vector, a list of vectors, or an
-    (n, d) array (a binary body, shape already checked)."""
+    (n, d) array (a binary body, shape already checked). ``restricted`` (always for ``brm``)
+    adds the restricted distances."""
     d = snap.metric.dim
+    restricted = restricted or snap.metric.config.algorithm == "brm"
     va = parsing.vector(a, d, ["body", "a"])
     if isinstance(b, np.ndarray) or (b and isinstance(b[0], list)):
         if isinstance(b, np.ndarray):
@@ -90,18 +110,22 @@ async def distance_answer(snap: Snapshot, a: Any, b: Any, *, npy: bool) -> Respo
         if npy:
             headers = {"X-Version": str(snap.version)}
             return Response(parsing.npy_bytes(sq), media_type=NPY, headers=headers)
-        return _json(
-            {
-                "distances": np.sqrt(sq).tolist(),
-                "squared_distances": sq.tolist(),
-                "version": snap.version,
-            }
-        )
+        many: dict[str, Any] = {"distances": np.sqrt(sq).tolist(), "squared_distances": sq.tolist()}
+        if restricted:
+            rsq = await _gallery_call(snap.metric.restricted_squared_distances, va, B)
+            many["restricted_distances"] = restricted_root(rsq).tolist()
+            many["restricted_squared_distances"] = rsq.tolist()
+        return _json({**many, "version": snap.version})
     vb = parsing.vector(b, d, ["body", "b"])
     value = snap.metric.squared_distance(va, vb)  # overflow: inf, quietly (the core's errstate)
     if not math.isfinite(value):
         parsing.finite_or_422(np.array([value]), "squared_distance")
-    return _json({"distance": math.sqrt(value), "squared_distance": value, "version": snap.version})
+    one: dict[str, Any] = {"distance": math.sqrt(value), "squared_distance": value}
+    if restricted:
+        rvalue = snap.metric.restricted_squared_distance(va, vb)  # in [0, 1): always finite
+        one["restricted_distance"] = float(restricted_root(rvalue))
+        one["restricted_squared_distance"] = rvalue
+    return _json({**one, "version": snap.version})
 
 
 def verify_answer(
@@ -115,12 +139,20 @@ def verify_answer(
     if not math.isfinite(value):
         parsing.finite_or_422(np.array([value]), "squared_distance")
     limit, source = verify_threshold(snap, threshold)
-    same = value <= limit
+    extra: dict[str, Any] = {}
+    if snap.metric.config.algorithm == "brm":  # it decides on D_R^2 (its threshold's units)
+        decided = extra["restricted_squared_distance"] = snap.metric.restricted_squared_distance(
+            va, vb
+        )
+    else:
+        decided = value
+    same = decided <= limit
     runtime.metrics.verify_decision(same, source)
     return _json(
         {
             "same": same,
             "squared_distance": value,
+            **extra,
             "threshold": limit,
             "calibrated": snap.calibration.calibrated,
             "threshold_source": source,
@@ -136,11 +168,12 @@ async def answer_distance(
     content_type: str | None,
     body: bytes,
     accept: str | None,
+    restricted: bool = False,
 ) -> Response:
     """``POST .../distance`` from its raw parts (the route and the lean path both call it)."""
     a, b = parsing.distance_body(content_type, body, models.settings.max_body_bytes)
     snap = await (await models.lookup(name)).read(min_version)
-    return await distance_answer(snap, a, b, npy=parsing.wants_npy(accept))
+    return await distance_answer(snap, a, b, npy=parsing.wants_npy(accept), restricted=restricted)
 
 
 async def answer_verify(
@@ -181,8 +214,21 @@ async def distance(
     models: ModelsDep,
     min_version: MinVersionDep = None,
     accept: Accept = None,
+    restricted: Annotated[
+        str | None,
+        Query(
+            description="true: add the restricted distance D_R in [0, 1) (seed 003 Eq. 7; "
+            "always added for a brm model).",
+            json_schema_extra={"enum": ["true", "false"]},
+        ),
+    ] = None,
 ) -> Response:
     """``squared_distance = ||L(a - b)||^2`` (Eq. 2), ``distance`` its square root (Eq. 1).
+
+    ``?restricted=true`` adds ``restricted_distance`` and ``restricted_squared_distance``
+    (one to many: ``restricted_distances``, ``restricted_squared_distances``): ``D_R`` in
+    [0, 1) of seed 003's Eq. 7 (Sigmoid restriction, p = 2) under the canonical factor of
+    ``M = L^T L``; a ``brm`` model always adds them, under its own ``L``.
 
     One to many: ``b`` a list of vectors, or a binary gallery: ``Content-Type:
     application/x-npz`` with the bytes of ``np.savez(f, a=a, b=B)`` (``a`` (d,), ``B`` (n, d),
@@ -193,14 +239,17 @@ async def distance(
     """
     content_type = request.headers.get("content-type")
     body = await request.body()
-    return await answer_distance(models, name, min_version, content_type, body, accept)
+    wanted = parsing.restricted(restricted)
+    return await answer_distance(models, name, min_version, content_type, body, accept, wanted)
 
 
 @router.post("/verify", response_model=VerifyOut, openapi_extra=body_doc(VerifyBody))
 async def verify(
     name: NameDep, request: Request, models: ModelsDep, min_version: MinVersionDep = None
 ) -> Response:
-    """``same = squared_distance <= threshold``; the threshold's source is reported."""
+    """``same = squared_distance <= threshold``; the threshold's source is reported. A ``brm``
+    model decides on ``restricted_squared_distance <= threshold`` (``D_R^2``, the units its
+    threshold is calibrated in) and reports both distances."""
     content_type = request.headers.get("content-type")
     return await answer_verify(models, name, min_version, content_type, await request.body())
 
