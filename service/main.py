@@ -11,12 +11,13 @@ import asyncio
 import inspect
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.types import ASGIApp
 
 from service.api import auth, deps, observe, problems
 from service.api.forward import Forwarder, OwnerRouting
@@ -118,10 +119,42 @@ _NO_OTEL: dict[str, Any] = (
 )
 
 
+class ServiceApp(FastAPI):
+    """FastAPI with the service's own ASGI layers around its whole per-request stack.
+
+    ``add_middleware`` would put them inside FastAPI's error and telemetry layers, which every
+    request then crosses; built here around the stack instead, a request the lean path answers
+    (:mod:`service.api.lean`: ingestion, the hot queries, ``/livez``) crosses only the service's
+    layers. ``outer`` wraps the stack FastAPI builds (error handling, exception mapping, routing,
+    dependencies), once, at the first request.
+    """
+
+    def __init__(self, outer: Callable[[ASGIApp], ASGIApp], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.outer = outer
+
+    def build_middleware_stack(self) -> ASGIApp:
+        return self.outer(super().build_middleware_stack())
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """A configured application (nothing starts until its lifespan runs)."""
     settings = settings or get_settings()
-    app = FastAPI(
+    keys = KeyRing.parse(settings.api_keys)
+
+    def outer(app: ASGIApp) -> ASGIApp:
+        """The service's layers, innermost first."""
+        if settings.lean_path:
+            app = LeanPath(app)  # the hot requests without FastAPI's machinery
+        # a model another process learns: its requests go there (after auth and the body limit)
+        app = OwnerRouting(app)
+        app = BodyLimit(app, max_bytes=settings.max_body_bytes)
+        # before BodyLimit and the routes: a caller without the right key never gets a body read
+        app = auth.Authenticate(app, keys=keys)
+        return observe.HttpMetrics(app)  # outermost: times and counts every answer
+
+    app = ServiceApp(
+        outer,
         **_NO_OTEL,
         title="opml-service",
         version="1.0.0",
@@ -135,13 +168,4 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(api_router)
     deps.document_bodies(app)
     auth.document(app)
-    if settings.lean_path:
-        # innermost: the lean path of distance/verify, wrapped by the body limit, auth, metrics
-        app.add_middleware(LeanPath)
-    # a model another process learns: its requests go there (after auth and the body limit)
-    app.add_middleware(OwnerRouting)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    # before BodyLimit and the routes: a caller without the right key never gets a body read
-    app.add_middleware(auth.Authenticate, keys=KeyRing.parse(settings.api_keys))
-    app.add_middleware(observe.HttpMetrics)  # outermost: times and counts every answer
     return app

@@ -16,7 +16,6 @@ the version in header ``X-Version``.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from concurrent.futures import ThreadPoolExecutor
 from typing import Annotated, Any
@@ -27,7 +26,7 @@ from fastapi import APIRouter, Header, Request, Response
 from service.api import parsing
 from service.api.deps import MinVersionDep, ModelsDep, NameDep, body_doc, json_body
 from service.api.parsing import NPY, NPZ
-from service.api.presenters import model_document, verify_threshold
+from service.api.presenters import json_response, model_document, verify_threshold
 from service.api.schemas import (
     DistanceBody,
     DistanceOut,
@@ -57,14 +56,6 @@ _GALLERY_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-ga
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-
-
-def _json(content: dict[str, Any]) -> Response:
-    """Plain JSON (large matrices skip pydantic re-validation; NaN is impossible)."""
-    return Response(_ENCODER.encode(content), media_type="application/json")
-
-
 async def squared_distances(snap: Snapshot, a: Array, B: Array) -> Array:
     """``||L(a - b_i)||^2`` for a validated gallery; 422 if a value overflows float64."""
     if B.size >= THREAD_VALUES:
@@ -89,7 +80,7 @@ async def distance_answer(snap: Snapshot, a: Any, b: Any, *, npy: bool) -> Respo
         if npy:
             headers = {"X-Version": str(snap.version)}
             return Response(parsing.npy_bytes(sq), media_type=NPY, headers=headers)
-        return _json(
+        return json_response(
             {
                 "distances": np.sqrt(sq).tolist(),
                 "squared_distances": sq.tolist(),
@@ -100,7 +91,9 @@ async def distance_answer(snap: Snapshot, a: Any, b: Any, *, npy: bool) -> Respo
     value = snap.metric.squared_distance(va, vb)  # overflow: inf, quietly (the core's errstate)
     if not math.isfinite(value):
         parsing.finite_or_422(np.array([value]), "squared_distance")
-    return _json({"distance": math.sqrt(value), "squared_distance": value, "version": snap.version})
+    return json_response(
+        {"distance": math.sqrt(value), "squared_distance": value, "version": snap.version}
+    )
 
 
 def verify_answer(
@@ -116,7 +109,7 @@ def verify_answer(
     limit, source = verify_threshold(snap, threshold)
     same = value <= limit
     runtime.metrics.verify_decision(same, source)
-    return _json(
+    return json_response(
         {
             "same": same,
             "squared_distance": value,
@@ -216,7 +209,7 @@ async def transform(
     X = parsing.matrix(body.x, snap.metric.dim, ["body", "x"])
     with np.errstate(all="ignore"):
         Z = parsing.finite_or_422(snap.metric.transform(X), "z")
-    return _json({"z": Z.tolist(), "version": snap.version})
+    return json_response({"z": Z.tolist(), "version": snap.version})
 
 
 @router.get(
@@ -232,7 +225,7 @@ async def get_metric(
     if parsing.wants_npy(accept):
         body = parsing.npy_bytes(np.asarray(snap.metric.L))
         return Response(body, media_type=NPY, headers={"X-Version": str(snap.version)})
-    return _json({"L": snap.metric.L.tolist(), "version": snap.version})
+    return json_response({"L": snap.metric.L.tolist(), "version": snap.version})
 
 
 @router.put("/metric", response_model=ModelOut, openapi_extra=body_doc(MetricBody))
