@@ -39,6 +39,7 @@ from service.config import Settings
 from service.core import LearnerConfig
 from service.engine.membership import Membership
 from service.engine.runtime import ModelRuntime
+from service.engine.tasks import stop_task
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from service.storage.keys import APPENDED
 from service.storage.store import Store
@@ -59,6 +60,7 @@ class Registry:
         self.runtimes: dict[str, ModelRuntime] = {}
         self.loaded = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing = asyncio.Event()  # the loops stop when it is set (see engine/tasks.py)
         self._lock = asyncio.Lock()  # create / delete / registry sync
         self._tried: dict[str, float] = {}  # model -> monotonic time of the last take-over try
         #: This process in lease values and the members hash: its advertised URL (no two live
@@ -79,7 +81,7 @@ class Registry:
 
     async def _run(self) -> None:
         delay = 0.1
-        while True:  # the first round: whatever Redis does, keep trying
+        while not self._closing.is_set():  # the first round: whatever Redis does, keep trying
             try:
                 await self.store.open()  # a single server or a Redis Cluster
                 version = await self.store.server_version()
@@ -93,17 +95,24 @@ class Registry:
             except RedisError as exc:
                 telemetry.REDIS_ERROR["loader"].inc()
                 log.warning("loading models: Redis unavailable (%s); retrying", exc)
-                await asyncio.sleep(delay)
+                await self._pause(delay)
                 delay = min(delay * 2, 2.0)
         # Renewals go on while the models taken in the first round load.
         self._tasks.append(asyncio.create_task(self._settle(), name="settle"))
-        while True:
-            await asyncio.sleep(self.settings.lease_ttl_s / 3)
+        while not self._closing.is_set():
+            await self._pause(self.settings.lease_ttl_s / 3)
+            if self._closing.is_set():
+                return
             try:
                 await self._round()
             except RedisError as exc:
                 telemetry.REDIS_ERROR["loader"].inc()
                 log.warning("placing models: Redis unavailable (%s); retrying", exc)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less if the registry is closing."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._closing.wait(), seconds)
 
     async def _settle(self) -> None:
         """Ready once the models taken at start-up have applied their log tails."""
@@ -176,11 +185,11 @@ class Registry:
     async def _listen(self) -> None:
         """Wake the writer of a model when any process appended to it (pub/sub)."""
         await self.loaded.wait()
-        while True:
+        while not self._closing.is_set():
             try:
                 async with self.store.appends() as pubsub:
                     await pubsub.subscribe(APPENDED)
-                    while True:
+                    while not self._closing.is_set():
                         message = await pubsub.get_message(
                             ignore_subscribe_messages=True, timeout=1.0
                         )
@@ -188,7 +197,7 @@ class Registry:
                             self._appended(message["data"].decode())
             except RedisError as exc:  # the writers still poll; resubscribe shortly
                 log.debug("append notifications interrupted (%s); resubscribing", exc)
-                await asyncio.sleep(1.0)
+                await self._pause(1.0)
 
     def _appended(self, name: str) -> None:
         runtime = self.runtimes.get(name)
@@ -208,10 +217,9 @@ class Registry:
     async def close(self) -> None:
         """Leave the membership, stop every writer after its batch, write final checkpoints
         and release the leases (other processes take over at once)."""
+        self._closing.set()
         for task in self._tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await stop_task(task)
         with contextlib.suppress(RedisError):
             await self.membership.leave()
         await asyncio.gather(*(rt.deactivate(checkpoint=True) for rt in self.runtimes.values()))

@@ -36,6 +36,7 @@ from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import ModelClosed, Snapshot
 from service.engine.status import ModelStatus
+from service.engine.tasks import stop_task
 from service.engine.writer import Writer
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from service.storage.codec import StreamId, encode_vector, sample_id
@@ -204,9 +205,7 @@ class ModelRuntime:
         get NotFound, not "moved")."""
         writer, self.writer = self.writer, None
         if self._loading is not None:
-            self._loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError, RedisError):
-                await self._loading
+            await stop_task(self._loading)
             self._loading = None
         if writer is None:
             return

@@ -43,8 +43,7 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
             admin.create_model("sec", 2)
         yield proc
     finally:
-        if proc.proc is not None:
-            proc.stop()
+        proc.close()
         redis.stop()
 
 

@@ -246,8 +246,7 @@ def test_a_service_on_a_node_without_the_registry_slot(fresh: LocalCluster, tmp_
         wait_for("no key of the model on any node", lambda: not model_keys_everywhere(fresh, name))
         assert not registry_master.client().sismember(REGISTRY, name)  # another slot
     finally:
-        if svc.proc is not None:
-            svc.stop()
+        svc.close()
 
 
 def test_acknowledged_samples_survive_a_failover(

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from service.api.routes.queries import THREAD_VALUES
-from tests.service.conftest import ServiceProcess
+from tests.service.conftest import Launch, ServiceProcess
 from tests.service.support import (
     RedisServer,
     assert_problem,
@@ -96,14 +96,14 @@ def test_binary_one_to_many_equals_the_json_answer(
 
 
 def test_a_large_gallery_is_computed_off_the_event_loop_and_equals_json(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, launch: Launch
 ) -> None:
     """Over ``THREAD_VALUES`` values the distances are computed in a worker thread, by the
     triangular factor: the same answer through JSON and .npz, equal to the plain formula."""
     d, rows = 128, 600
     assert rows * d >= THREAD_VALUES
     redis_server = RedisServer(tmp_path_factory.mktemp("redis-gallery")).start()
-    proc = ServiceProcess(
+    proc = launch(
         tmp_path_factory.mktemp("gallery"), redis_server.url, OPML_MAX_BODY_BYTES=str(8 << 20)
     ).start()
     try:

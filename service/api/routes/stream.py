@@ -297,7 +297,8 @@ async def model_events(
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             exc = task.exception()
-            if isinstance(exc, ModelClosed) and not exc.moved:
+            deleted = isinstance(exc, ModelClosed) and not exc.moved
+            if deleted or (runtime.closed and isinstance(exc, ModelClosed | NotServedHere)):
                 await _close_with(websocket, NotFound(f"model {name!r} was deleted"))
             elif isinstance(exc, ModelClosed | NotServedHere):  # learned elsewhere from now on
                 await _close_with(websocket, NotServedHere(name), CLOSE_TRY_AGAIN)
