@@ -49,7 +49,7 @@ from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import Snapshot, SnapshotBoard
 from service.storage import checkpoint
-from service.storage.codec import DTYPE, StreamId, after, decode_entry, decode_vector, format_id
+from service.storage.codec import StreamId, after, decode_entry, decode_vector, format_id
 from service.storage.store import Fenced, Store
 
 log = logging.getLogger("service.writer")
@@ -61,11 +61,6 @@ Entries = list[tuple[StreamId, dict[bytes, bytes]]]
 #: its applied seq (see the module docstring); the admission control of other processes polls
 #: that seq about as often (``service.engine.runtime.FOLLOWER_POLL_S``).
 PUBLISH_DELAY_S = 0.02
-
-
-#: Largest batch applied on the event loop rather than in the worker thread, in samples x d^2
-#: (about the learning's work): 8 samples at d = 64, one at d = 181, none from d = 182 on.
-INLINE_WORK = 1 << 15
 
 
 @dataclass(frozen=True)
@@ -204,17 +199,10 @@ class Writer:
 
     async def _apply(self, entries: Entries) -> None:
         started = time.perf_counter()
-        # Decoding, learning and building the snapshot run in the worker thread (the compiled
-        # kernel releases the GIL), so the event loop stays free for ingestion and queries;
-        # only the bookkeeping below runs on it. A batch of a few small samples (one sample per
-        # request) is applied here instead: the hand-over to the thread and back would cost
-        # more CPU than the learning.
-        stored = sum(len(f.get(b"x", b"")) + len(f.get(b"L", b"")) for _, f in entries)
-        values = stored // DTYPE.itemsize  # samples x d, plus d^2 per metric replacement
-        if values * self.learner.dim <= INLINE_WORK:
-            runs, snapshot, samples = self._apply_entries(entries)
-        else:
-            runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
+        # Decoding, learning and building the snapshot all run in the worker thread (the
+        # compiled kernel releases the GIL), so the event loop stays free for ingestion and
+        # queries; only the bookkeeping below runs on it.
+        runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
         for seqs, results in runs:
             self.metrics.count_steps(results.counts())
             if self._replaying:
