@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.service.conftest import ServiceProcess
-from tests.service.support import assert_problem, make_model
+from tests.service.support import assert_problem, lean_count, make_model
 
 JSON_TYPE = {"content-type": "application/json"}
 ONE = b'{"x": [1, 2], "y": 1}'
@@ -133,14 +133,6 @@ def test_livez_answers_alike(service: ServiceProcess, routes_service: ServicePro
     assert lean.json() == route.json()
 
 
-def _lean_count(client: httpx.Client, route: str) -> float:
-    wanted = f'opml_http_lean_requests_total{{route="{route}"}}'
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(wanted):
-            return float(line.split()[-1])
-    return 0.0
-
-
 def test_ingestion_takes_the_lean_path_when_on_and_only_then(
     service: ServiceProcess, routes_service: ServiceProcess, name: str
 ) -> None:
@@ -148,9 +140,9 @@ def test_ingestion_takes_the_lean_path_when_on_and_only_then(
     for proc, taken in ((service, 3.0), (routes_service, 0.0)):
         with proc.client() as client:
             make_model(client, name, 2)
-            before = _lean_count(client, route)
+            before = lean_count(client, route)
             for _ in range(3):
                 assert _post(client, name, "", {}, ONE).status_code == 202
-            assert _lean_count(client, route) - before == taken
+            assert lean_count(client, route) - before == taken
             metrics = client.get("/metrics").text
             assert f'route="{route}",status="202"' in metrics
