@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.types import ASGIApp
 
 from service.api import auth, deps, observe, problems
@@ -151,7 +152,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app = BodyLimit(app, max_bytes=settings.max_body_bytes)
         # before BodyLimit and the routes: a caller without the right key never gets a body read
         app = auth.Authenticate(app, keys=keys)
-        return observe.HttpMetrics(app)  # outermost: times and counts every answer
+        app = observe.HttpMetrics(app)  # times and counts every answer
+        # what escapes a layer of ours is a 500 problem, as FastAPI's error layer answers
+        return ServerErrorMiddleware(app, handler=problems.on_unexpected)
 
     app = ServiceApp(
         outer,

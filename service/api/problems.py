@@ -118,6 +118,12 @@ def unexpected(exc: Exception) -> JSONResponse:
     return problem_response(ServiceError("an unexpected error occurred; see the service log"))
 
 
+async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    """The handler of any other exception (the app's, and the one around the service's own
+    ASGI layers, :class:`service.main.ServiceApp`)."""
+    return unexpected(exc)
+
+
 def validation_errors(errors: Any) -> list[dict[str, Any]]:
     """FastAPI/pydantic error items reduced to ``{loc, msg, type}`` (no input echo)."""
     return [
@@ -145,9 +151,6 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RedisError)
         telemetry.REDIS_ERROR["api"].inc()
         return problem_response(from_redis(exc))
-
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return unexpected(exc)
 
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -2,10 +2,12 @@
 the FastAPI routes: every request here goes to the shared service (lean path on) and to its
 twin with the lean path off (``OPML_LEAN_PATH=false``), each on a fresh model of the same name,
 and the two answers (status, ``Content-Type``, the headers the contract names, body) must be
-equal; a refusal must also change nothing."""
+equal; a refusal must also change nothing. Last, the service's layers around FastAPI's stack
+answer an error escaping them as FastAPI would."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -146,3 +148,22 @@ def test_ingestion_takes_the_lean_path_when_on_and_only_then(
             assert lean_count(client, route) - before == taken
             metrics = client.get("/metrics").text
             assert f'route="{route}",status="202"' in metrics
+
+
+def test_an_error_escaping_the_service_layers_is_a_problem() -> None:
+    """The service's ASGI layers wrap FastAPI's stack (``service.main.ServiceApp``); what
+    escapes them is still answered 500 as problem+json. Here, an application whose lifespan
+    never ran has no registry: owner routing fails on a request for a model's metric."""
+    from service.config import Settings
+    from service.main import create_app
+
+    app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
+
+    async def send() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.get("/v1/models/some-model/metric")
+
+    response = asyncio.run(send())
+    body = assert_problem(response, 500)
+    assert "unexpected" in body["detail"]
