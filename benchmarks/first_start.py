@@ -100,9 +100,11 @@ def fresh_copy(label: str, revision: str | None, tmp: Path) -> Path:
     src = tmp / label / "src"
     src.mkdir(parents=True)
     if revision is None:
-        files = subprocess.run(
-            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-        ).stdout.decode().split("\0")
+        files = (
+            subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+            .stdout.decode()
+            .split("\0")
+        )
         for name in filter(None, files):
             if (ROOT / name).is_file():
                 (src / name).parent.mkdir(parents=True, exist_ok=True)

@@ -47,11 +47,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import io
 import json
 import math
 import os
+import random
 import struct
 import sys
 import time
@@ -62,7 +64,8 @@ from typing import Any
 
 import httpx
 import numpy as np
-from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.client import connect
+from websockets.speedups import apply_mask  # C: the frames' XOR mask
 
 #: Quantiles stored for the CDF plots (dense in the tail).
 CDF_Q = np.unique(np.concatenate([np.linspace(0.0, 0.99, 100), 1 - np.logspace(-2, -4, 21)]))
@@ -165,12 +168,116 @@ class LoadgenError(Exception):
     """A measurement that cannot run as asked (reported on stderr, exit status 2)."""
 
 
-def check_frames_header(ws: ClientConnection, encoding: str) -> None:
+class RawWebSocket:
+    """A minimal RFC 6455 client for the ingestion connections (``ws``).
+
+    Why not the ``websockets`` asyncio client (still used for ``/events``): it costs ~40 us of
+    generator CPU per frame sent and ack received on this machine, as much as a lean service
+    spends per frame, so at tens of thousands of frames per second the generator would take the
+    CPU the service needs (the service, its redis-server and the generator share 2 cores). This
+    one frames a pre-encoded payload with a fresh 4-byte mask per frame (XOR in C,
+    ``websockets.speedups.apply_mask``), writes it without waiting (asyncio buffers, and flushes
+    the frames written in one event-loop turn together), and parses every complete server frame
+    of each chunk read in one pass; pings are answered, a close frame ends :meth:`receive`.
+    """
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, headers: dict[str, str]
+    ) -> None:
+        self.reader, self.writer, self.headers = reader, writer, headers
+        self._buffer = b""
+
+    @classmethod
+    async def connect(cls, url: str) -> RawWebSocket:
+        """Open ``ws://host:port/path`` (the handshake must answer 101)."""
+        parts = httpx.URL(url)
+        reader, writer = await asyncio.open_connection(parts.host, parts.port or 80)
+        key = base64.b64encode(os.urandom(16)).decode()
+        target = parts.raw_path.decode()
+        writer.write(
+            f"GET {target} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        head = await reader.readuntil(b"\r\n\r\n")
+        status_line, *lines = head.decode("latin-1").split("\r\n")
+        if status_line.split()[1] != "101":
+            writer.close()
+            raise LoadgenError(f"{url}: the handshake was answered {status_line!r}")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
+        return cls(reader, writer, headers)
+
+    def _frame(self, opcode: int, payload: bytes) -> bytes:
+        n = len(payload)
+        if n < 126:
+            head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+        elif n < 65536:
+            head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+        else:
+            head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+        mask = random.randbytes(4)
+        return head + mask + apply_mask(payload, mask)
+
+    def send(self, message: str | bytes) -> None:
+        """Write one text (``str``) or binary (``bytes``) message."""
+        if isinstance(message, str):
+            self.writer.write(self._frame(0x1, message.encode()))
+        else:
+            self.writer.write(self._frame(0x2, message))
+
+    async def drain(self) -> None:
+        await self.writer.drain()
+
+    async def receive(self) -> list[str | bytes]:
+        """The messages of the next chunk read (at least one); ConnectionError once closed."""
+        while True:
+            chunk = await self.reader.read(1 << 16)
+            if not chunk:
+                raise ConnectionError("the service closed the connection")
+            data = self._buffer + chunk
+            out: list[str | bytes] = []
+            pos = 0
+            while len(data) - pos >= 2:
+                opcode, n = data[pos] & 0x0F, data[pos + 1] & 0x7F
+                start = pos + 2
+                if n == 126:
+                    if len(data) - start < 2:
+                        break
+                    (n,) = struct.unpack_from("!H", data, start)
+                    start += 2
+                elif n == 127:
+                    if len(data) - start < 8:
+                        break
+                    (n,) = struct.unpack_from("!Q", data, start)
+                    start += 8
+                if len(data) - start < n:
+                    break
+                payload = data[start : start + n]
+                pos = start + n
+                if opcode == 0x1:
+                    out.append(payload.decode())
+                elif opcode == 0x2:
+                    out.append(payload)
+                elif opcode == 0x9:  # ping: pong with its payload
+                    self.writer.write(self._frame(0xA, payload))
+                elif opcode == 0x8:
+                    raise ConnectionError(f"the service closed the WebSocket: {payload!r}")
+            self._buffer = data[pos:]
+            if out:
+                return out
+
+    async def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.writer.write(self._frame(0x8, struct.pack("!H", 1000)))
+            self.writer.close()
+            await self.writer.wait_closed()
+
+
+def check_frames_header(ws: RawWebSocket, encoding: str) -> None:
     """Stop unless the service said (handshake ``x-opml-frames``) that it reads ``encoding``."""
     if encoding == "json":
         return
-    response = ws.response
-    value = None if response is None else response.headers.get(FRAMES_HEADER)
+    value = ws.headers.get(FRAMES_HEADER)
     offered = {p.strip() for p in (value or "").split(",")}
     if encoding not in offered:
         raise LoadgenError(
@@ -197,7 +304,7 @@ class _Connection:
         frame_id = self.index * 1_000_000_000 + k
         return frame_id, self.make(frame_id, k)
 
-    async def send_loop(self, ws: ClientConnection, stop_at: float, rate: float | None) -> None:
+    async def send_loop(self, ws: RawWebSocket, stop_at: float, rate: float | None) -> None:
         start = time.perf_counter()
         while time.perf_counter() < stop_at:
             await self.window.acquire()
@@ -209,23 +316,25 @@ class _Connection:
             frame_id, data = self.payload(self.next)
             self.next += 1
             self.sent[frame_id] = time.perf_counter()
-            await ws.send(data)
+            ws.send(data)
+            await ws.drain()
 
-    async def receive_loop(self, ws: ClientConnection) -> None:
+    async def receive_loop(self, ws: RawWebSocket) -> None:
         while True:
-            raw = await ws.recv()
+            messages = await ws.receive()
             now_wall, now = time.time(), time.perf_counter()
-            doc = json.loads(raw)
-            self.window.release()
-            if "ack" not in doc:
-                self.errors += 1
-                if self.first_error is None:
-                    self.first_error = doc
-                self.sent.pop(doc.get("id"), None)
-                continue
-            sent = self.sent.pop(doc["ack"], now)
-            n = doc["last_seq"] - doc["first_seq"] + 1
-            self.acks.append((now_wall, int(doc["last_seq"]), n, now - sent))
+            for raw in messages:
+                doc = json.loads(raw)
+                self.window.release()
+                if "ack" not in doc:
+                    self.errors += 1
+                    if self.first_error is None:
+                        self.first_error = doc
+                    self.sent.pop(doc.get("id"), None)
+                    continue
+                sent = self.sent.pop(doc["ack"], now)
+                n = doc["last_seq"] - doc["first_seq"] + 1
+                self.acks.append((now_wall, int(doc["last_seq"]), n, now - sent))
 
 
 async def _events(url: str, log: list[tuple[float, int]], opened: asyncio.Event) -> None:
@@ -253,13 +362,8 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
         _Connection(args.first_id + i, make, args.frame, args.window)
         for i in range(args.connections)
     ]
-    async with contextlib.AsyncExitStack() as stack:
-        sockets = [
-            await stack.enter_async_context(
-                connect(base + "/stream", max_size=None, compression=None)
-            )
-            for _ in conns
-        ]
+    sockets = [await RawWebSocket.connect(base + "/stream") for _ in conns]
+    try:
         for ws in sockets:
             check_frames_header(ws, args.encoding)
         receivers = [
@@ -277,6 +381,9 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.sleep(0.005)
         for task in receivers:
             task.cancel()
+    finally:
+        for ws in sockets:
+            await ws.close()
     acks = sorted(a for c in conns for a in c.acks)
     warm = min(1.0, 0.15 * args.seconds)
     steady = [a for a in acks if t0_wall + warm <= a[0] <= t_end_wall]

@@ -31,6 +31,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from fastapi_offline import FastAPIOffline
+from starlette.middleware.errors import ServerErrorMiddleware
+from starlette.types import ASGIApp
 
 from service.api import auth, deps, observe, problems
 from service.api.forward import Forwarder, OwnerRouting
@@ -165,6 +167,25 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
     """A configured application on ``settings.redis_url``, else on ``redis_url`` (nothing
     starts until its lifespan runs)."""
     settings = settings or get_settings()
+    keys = KeyRing.parse(settings.api_keys)
+
+    def outer(app: ASGIApp) -> ASGIApp:
+        """The service's layers, innermost first, around FastAPI's whole per-request stack
+        (its error handling, exception mapping, routing, dependencies). ``add_middleware``
+        would put them inside FastAPI's error and telemetry layers, which every request then
+        crosses; around the stack, a request the lean path answers (:mod:`service.api.lean`:
+        ingestion, the hot queries, ``/livez``) crosses only the service's layers."""
+        if settings.lean_path:
+            app = LeanPath(app)  # the hot requests without FastAPI's machinery
+        # a model another process learns: its requests go there (after auth and the body limit)
+        app = OwnerRouting(app)
+        app = BodyLimit(app, max_bytes=settings.max_body_bytes)
+        # before BodyLimit and the routes: a caller without the right key never gets a body read
+        app = auth.Authenticate(app, keys=keys)
+        app = observe.HttpMetrics(app)  # times and counts every answer
+        # what escapes a layer of ours is a 500 problem, as FastAPI's error layer answers
+        return ServerErrorMiddleware(app, handler=problems.on_unexpected)
+
     app = FastAPIOffline(
         **_NO_OTEL,
         title="opml-service",
@@ -175,19 +196,14 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
         generate_unique_id_function=_operation_id,
         swagger_ui_parameters={"validatorUrl": None},  # no request to the online validator
     )
+    # FastAPIOffline returns a plain FastAPI (with the offline docs pages): its stack builder,
+    # called once at the first request, is wrapped on the instance.
+    fastapi_stack = app.build_middleware_stack
+    app.build_middleware_stack = lambda: outer(fastapi_stack())  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.redis_url = settings.redis_url or redis_url
     problems.install(app)
     app.include_router(api_router)
     deps.document_bodies(app)
     auth.document(app)
-    if settings.lean_path:
-        # innermost: the lean path of distance/verify, wrapped by the body limit, auth, metrics
-        app.add_middleware(LeanPath)
-    # a model another process learns: its requests go there (after auth and the body limit)
-    app.add_middleware(OwnerRouting)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    # before BodyLimit and the routes: a caller without the right key never gets a body read
-    app.add_middleware(auth.Authenticate, keys=KeyRing.parse(settings.api_keys))
-    app.add_middleware(observe.HttpMetrics)  # outermost: times and counts every answer
     return app

@@ -30,6 +30,7 @@ import re
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 from starlette.datastructures import Headers, QueryParams
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
@@ -38,6 +39,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from service.api import parsing
 from service.api.problems import HttpError, problem_response
 from service.api.schemas import NAME_PATTERN
 from service.engine.registry import Registry
@@ -60,7 +62,7 @@ _HOP_BY_HOP = frozenset(
 def served_anywhere(method: str, tail: str | None, query: bytes) -> bool:
     """True for the requests any process answers itself (see the module docstring).
 
-    >>> served_anywhere("POST", "samples", b""), served_anywhere("POST", "samples", b"wait=true")
+    >>> served_anywhere("POST", "samples", b""), served_anywhere("POST", "samples", b"wait=y")
     (True, False)
     >>> served_anywhere("WS", "stream", b""), served_anywhere("GET", "metric", b"")
     (True, False)
@@ -68,8 +70,12 @@ def served_anywhere(method: str, tail: str | None, query: bytes) -> bool:
     if tail == "stream":
         return True
     if method == "POST" and tail == "samples":
-        wait = QueryParams(query).get("wait", "false").lower()
-        return wait not in ("true", "1", "yes", "on")
+        if not query:  # the common case, without parsing a query string
+            return True
+        try:
+            return not parsing.wait(QueryParams(query).get("wait"))
+        except ValidationError:  # not a boolean: answered 422 here
+            return True
     return False
 
 

@@ -1,22 +1,27 @@
-"""The lean path of the hot queries, ``POST /v1/models/{name}/distance``, ``/verify`` and
-``/identify``: a pure optimisation, on by default (``OPML_LEAN_PATH``).
+"""The lean path of the hot requests: ingestion (``POST /v1/models/{name}/samples``), the hot
+queries (``POST .../distance``, ``.../verify``, ``.../identify``) and ``GET /livez``; a pure
+optimisation, on by default (``OPML_LEAN_PATH``).
 
-FastAPI spends ~250 us of CPU per request on this machine before and after a route runs
-(matching every route, solving dependencies, serialising). :class:`LeanPath` answers the hot
-queries without that machinery by calling the very functions their routes call
-(:func:`~service.api.routes.queries.answer_distance`, :func:`~service.api.routes.queries.
-answer_verify`, :func:`~service.api.routes.gallery.answer_identify`) with the same raw parts:
-the body bytes, its ``Content-Type``, ``min_version`` read by
-:func:`service.api.parsing.min_version` from the query string parsed as Starlette parses it,
-``Accept``, and for ``identify`` the query string's ``k`` and ``threshold``. Whatever the
-request, valid or not, it gets the answer the route would give; errors are rendered by
-:func:`service.api.problems.problem_response`, as the app's handlers do.
-Requests it does not take (another path or method, a name that does not match the pattern, so
-that FastAPI answers 422 as usual) go to the application unchanged.
+FastAPI spends ~150-250 us of CPU per request on this machine before and after a route runs
+(its error and exception layers, matching every route, solving dependencies, serialising): most
+of what a naive client, one sample per request, costs. :class:`LeanPath` answers the hot
+requests without that machinery by calling the very functions their routes call
+(:func:`~service.api.routes.samples.answer_ingest`, :func:`~service.api.routes.queries.
+answer_distance`, :func:`~service.api.routes.queries.answer_verify`,
+:func:`~service.api.routes.gallery.answer_identify`, :func:`~service.api.routes.ops.livez`)
+with the same raw parts: the body bytes, its ``Content-Type``, the query string parsed as
+Starlette parses it (``min_version``, ``wait``, ``restricted`` are read by
+:mod:`service.api.parsing`; for ``identify`` also ``k`` and ``threshold``), ``Accept`` and
+``Idempotency-Key`` as Starlette reads a header. Whatever the request, valid or not, it gets the
+answer the route would give; errors are rendered by :func:`service.api.problems.
+problem_response` (an unexpected one by :func:`service.api.problems.unexpected`), as the app's
+handlers do. Requests it does not take (another path or method, a name that does not match the
+pattern, so that FastAPI answers 422 as usual) go to the application unchanged.
 
-It is the innermost middleware: authentication, the body limit and the HTTP metrics wrap it as
-they wrap the routes (it sets ``scope["route"]`` so the metrics see the route template), and
-each request it answers counts in ``opml_http_lean_requests_total``.
+It is the innermost of the service's ASGI layers (:mod:`service.main`): the HTTP metrics,
+authentication, the body limit and owner routing wrap it as they wrap the routes (it sets
+``scope["route"]`` so the metrics see the route template), and each request it answers counts
+in ``opml_http_lean_requests_total``.
 """
 
 from __future__ import annotations
@@ -33,54 +38,75 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import telemetry
 from service.api import parsing
-from service.api.problems import HttpError, from_redis, problem_response
-from service.api.routes import gallery, queries
+from service.api.problems import HttpError, from_redis, problem_response, unexpected
+from service.api.routes import gallery, ops, queries, samples
 from service.api.schemas import NAME_PATTERN
 from service.engine.registry import Registry
 from service.errors import ServiceError
 
-_PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")/(distance|verify|identify)")
-#: The routes this path stands in for (``scope["route"]``: the metrics label by template).
+_HOT = ("samples", "distance", "verify", "identify")
+_PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")/(" + "|".join(_HOT) + ")")
+LIVEZ = "/livez"
+#: The routes this path stands in for, by the last segment of their template
+#: (``scope["route"]``: the metrics label by template).
 _ROUTES = {
     route.path.rsplit("/", 1)[-1]: route
-    for route in (*queries.router.routes, *gallery.router.routes)
+    for module in (samples, queries, gallery, ops)
+    for route in module.router.routes
     if isinstance(route, APIRoute)
-    and route.path.endswith(("/distance", "/verify", "/identify"))
-    and "POST" in (route.methods or ())
+    and (
+        (route.path.endswith(tuple(f"/{hot}" for hot in _HOT)) and "POST" in (route.methods or ()))
+        or route.path == LIVEZ
+    )
 }
 _COUNTERS = {what: telemetry.LEAN_REQUESTS.labels(route.path) for what, route in _ROUTES.items()}
 
 
 class LeanPath:
-    """ASGI middleware: the hot queries without FastAPI's per-request machinery."""
+    """ASGI middleware: the hot requests without FastAPI's per-request machinery."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = None
-        if scope["type"] == "http" and scope["method"] == "POST":
-            path = _PATH.fullmatch(scope["path"])
-        if path is None:
-            await self.app(scope, receive, send)
-            return
-        name, what = path.group(1), path.group(2)
+        if scope["type"] == "http":
+            method = scope["method"]
+            if method == "POST":
+                path = _PATH.fullmatch(scope["path"])
+                if path is not None:
+                    await self._serve(scope, receive, send, path.group(2), path.group(1))
+                    return
+            elif method == "GET" and scope["path"] == LIVEZ:
+                await self._serve(scope, receive, send, "livez", "")
+                return
+        await self.app(scope, receive, send)
+
+    async def _serve(
+        self, scope: Scope, receive: Receive, send: Send, what: str, name: str
+    ) -> None:
         scope["route"] = _ROUTES[what]
         _COUNTERS[what].inc()
         try:
-            response = await self._answer(scope, receive, name, what)
+            response = await self._answer(scope, receive, what, name)
         except ClientDisconnect:
             return
         await response(scope, receive, send)
 
-    async def _answer(self, scope: Scope, receive: Receive, name: str, what: str) -> Response:
+    async def _answer(self, scope: Scope, receive: Receive, what: str, name: str) -> Response:
+        if what == "livez":
+            return await ops.livez()
         models: Registry = scope["app"].state.models
         headers = Headers(scope=scope)
+        query = QueryParams(scope["query_string"])
         try:
             body = await _read_body(receive)
-            query = QueryParams(scope["query_string"])
-            min_version = parsing.min_version(query.get("min_version"))
             content_type = headers.get("content-type")
+            if what == "samples":
+                return await samples.answer_ingest(
+                    models, name, content_type, body, query.get("wait"),
+                    headers.get("idempotency-key"),
+                )  # fmt: skip
+            min_version = parsing.min_version(query.get("min_version"))
             if what == "distance":
                 return await queries.answer_distance(
                     models,
@@ -104,6 +130,10 @@ class LeanPath:
         except RedisError as exc:
             telemetry.REDIS_ERROR["api"].inc()
             return problem_response(from_redis(exc))
+        except ClientDisconnect:
+            raise
+        except Exception as exc:  # outside FastAPI's error layer: answered as it would
+            return unexpected(exc)
 
 
 async def _read_body(receive: Receive) -> bytes:

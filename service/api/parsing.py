@@ -2,9 +2,11 @@
 
 * Bodies: :func:`json_body` (every JSON body of the API, through pydantic's one-pass
   ``model_validate_json``), :func:`npz_arrays` (the binary bodies), :func:`distance_body` and
-  :func:`identify_body` (JSON or ``.npz`` each). Query parameters: :func:`min_version`,
-  :func:`restricted`. A model's configuration: :func:`learner_config`. The FastAPI routes and
-  the lean path (:mod:`service.api.lean`) both call these, so they cannot disagree.
+  :func:`identify_body` (JSON or ``.npz`` each). Query parameters and headers:
+  :func:`min_version`, :func:`restricted`, :func:`ingest_options` (``?wait`` and
+  ``Idempotency-Key``), :func:`wait`. A model's configuration: :func:`learner_config`. The
+  FastAPI routes and the lean path (:mod:`service.api.lean`) both call these, so they cannot
+  disagree.
 * Values: shapes and finiteness are checked by the core's validators
   (:mod:`service.core._validation`); their ``ValueError`` becomes a 422 problem whose
   ``errors`` item points at the bad field (``loc``).
@@ -22,10 +24,10 @@ import struct
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any, TypeVar
+from typing import IO, Annotated, Any, TypeVar
 
 import numpy as np
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, StringConstraints, TypeAdapter, ValidationError
 
 from service.api.schemas import (
     MAX_ID_CHARS,
@@ -195,6 +197,58 @@ def learner_config(body: ModelCreate) -> LearnerConfig:
     except ValueError as exc:
         field, _, msg = str(exc).partition(": ")
         raise invalid(["body", field], msg) from None
+
+
+#: ``?wait`` of ``POST .../samples`` is a boolean as pydantic reads one from text (``true`` /
+#: ``false``, ``1`` / ``0``, ``yes`` / ``no``, ``on`` / ``off``, ``t`` / ``f``, ``y`` / ``n``, any
+#: case); an ``Idempotency-Key`` has 1-256 characters.
+_WAIT = TypeAdapter(bool)
+#: The same, as a (JSON Schema) pattern for the OpenAPI description.
+WAIT_PATTERN = (
+    "^([Tt][Rr][Uu][Ee]|[Ff][Aa][Ll][Ss][Ee]|[Yy][Ee][Ss]|[Nn][Oo]|[Oo][Nn]|[Oo][Ff][Ff]|"
+    "[01TtFfYyNn])$"
+)
+MAX_IDEMPOTENCY_KEY = 256
+_IDEMPOTENCY_KEY = TypeAdapter(
+    Annotated[str, StringConstraints(min_length=1, max_length=MAX_IDEMPOTENCY_KEY)]
+)
+
+
+def wait(raw: str | None) -> bool:
+    """The ``?wait`` query parameter (False when absent); ValidationError if not a boolean.
+
+    >>> wait("true"), wait("0"), wait(None), wait("Yes")
+    (True, False, False, True)
+    """
+    return raw is not None and _WAIT.validate_python(raw)
+
+
+def ingest_options(raw_wait: str | None, idempotency_key: str | None) -> tuple[bool, str]:
+    """``?wait`` and the ``Idempotency-Key`` header of ``POST .../samples`` (``''``: none),
+    both checked; one 422 lists every bad one (``query.wait``, ``header.Idempotency-Key``).
+
+    >>> ingest_options("true", "req-1"), ingest_options(None, None)
+    ((True, 'req-1'), (False, ''))
+    >>> try:
+    ...     ingest_options("maybe", "")
+    ... except InvalidInput as exc:
+    ...     print([item["loc"] for item in exc.extra["errors"]])
+    [['query', 'wait'], ['header', 'Idempotency-Key']]
+    """
+    errors: list[dict[str, Any]] = []
+    waiting = False
+    try:
+        waiting = wait(raw_wait)
+    except ValidationError as exc:
+        errors += error_items(exc, ("query", "wait"))
+    if idempotency_key is not None:
+        try:
+            _IDEMPOTENCY_KEY.validate_python(idempotency_key)
+        except ValidationError as exc:
+            errors += error_items(exc, ("header", "Idempotency-Key"))
+    if errors:
+        raise invalid_request(errors)
+    return waiting, idempotency_key or ""
 
 
 #: Arrays of the ``.npz`` body of one-to-many ``distance``: name -> number of dimensions.

@@ -1,5 +1,6 @@
 """How the engine's read models are shown on the wire: the model document, the ``/events``
-frame, the verification summary, and the threshold a ``verify`` uses.
+frame, the verification summary, the threshold a ``verify`` uses, and the JSON answers of the
+hot paths (:func:`json_response`).
 
 Both documents are made from one :class:`~service.engine.status.ModelStatus` (one snapshot), so
 the model document, ``/events`` and the Prometheus collector (:mod:`service.api.observe`) show
@@ -8,8 +9,12 @@ the same numbers.
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Mapping
 from typing import Any
+
+from starlette.responses import Response
 
 from service.core.calibration import MIN_PAIRS
 from service.core.certificates import served_threshold
@@ -105,3 +110,18 @@ def verify_threshold(snap: Snapshot, given: float | None) -> tuple[float, str]:
     """The threshold a verify uses and where it came from: the core's rule (the one
     certificates certify by default, :func:`service.core.certificates.served_threshold`)."""
     return served_threshold(snap.calibration, snap.metric.config.margin, given)
+
+
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def json_response(
+    content: dict[str, Any], status_code: int = 200, headers: Mapping[str, str] | None = None
+) -> Response:
+    """A plain JSON answer: no pydantic re-validation of what the service computed itself
+    (large matrices, per-request answers); NaN or Inf cannot slip through (``allow_nan=False``).
+
+    >>> json_response({"accepted": 1}, 202).body
+    b'{"accepted":1}'
+    """
+    return Response(_ENCODER.encode(content), status_code, headers, media_type="application/json")

@@ -114,6 +114,18 @@ def from_redis(exc: RedisError) -> Unavailable:
     return Unavailable(f"Redis is unavailable ({type(exc).__name__}); retry shortly")
 
 
+def unexpected(exc: Exception) -> JSONResponse:
+    """The 500 of an unexpected error (logged with its traceback, which the answer never holds)."""
+    log.exception("unhandled error", exc_info=exc)
+    return problem_response(ServiceError("an unexpected error occurred; see the service log"))
+
+
+async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+    """The handler of any other exception (the app's, and the one around the service's own
+    ASGI layers, :func:`service.main.create_app`)."""
+    return unexpected(exc)
+
+
 def validation_errors(errors: Any) -> list[dict[str, Any]]:
     """FastAPI/pydantic error items reduced to ``{loc, msg, type}`` (no input echo)."""
     return [
@@ -173,10 +185,6 @@ def install(app: FastAPI) -> None:
         assert isinstance(exc, RedisError)
         telemetry.REDIS_ERROR["api"].inc()
         return problem_response(from_redis(exc))
-
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return problem_response(ServiceError("an unexpected error occurred; see the service log"))
 
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -13,11 +13,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
 
 import numpy as np
 
-from service.core import Calibration, Learner, Stability
+from service.core import Calibration, Learner, LearnerConfig, Stability
+from service.core._validation import Array
+from service.core.calibration import ThresholdCalibrator
 from service.storage.codec import StreamId
 
 
@@ -38,38 +42,63 @@ class Snapshot:
     methods, so their arithmetic is the core's own. ``frobenius_norm`` (``||L||_F``, O(d^2) on
     that copy) and ``hinge_loss`` (mean hinge of the calibration window) are for telemetry.
     ``stability``: the learner's step-mass diagnostics (not a bound).
+
+    ``metric`` and ``calibration`` are made when first read, from the copies of ``L`` and of the
+    calibration window taken here: the writer publishes a snapshot after every batch, and with
+    one sample per request most are never read, while building both (a learner, and sorting the
+    window for the EER) cost ~250 us per batch, more than learning the sample.
+
+    >>> from service.core import LearnerConfig
+    >>> snap = Snapshot.of(Learner(LearnerConfig(dim=2)), (0, 0), 0)
+    >>> snap.metric.squared_distance([1, 0], [0, 0]), snap.calibration.pairs
+    (1.0, 0)
     """
 
     version: int
     applied: StreamId
-    metric: Learner
     counts: dict[str, int]
     classes: int
-    calibration: Calibration
     metric_puts: int
     frobenius_norm: float
     hinge_loss: float | None
     stability: Stability
+    config: LearnerConfig
+    L: Array = field(repr=False)
+    window: Array = field(repr=False)
+    window_meta: dict[str, Any] = field(repr=False)
 
     @classmethod
     def of(cls, learner: Learner, applied: StreamId, metric_puts: int) -> Snapshot:
         """A snapshot of ``learner`` as of log position ``applied`` (copies ``L``)."""
-        metric = Learner(learner.config)
-        metric.set_metric(learner.L)
-        window, _ = learner.calibrator.to_state()
+        L = learner.L.copy()
+        window, meta = learner.calibrator.to_state()
         hinge = np.maximum(learner.config.margin + window[:, 0] - window[:, 1], 0.0)  # Eq. 4
         return cls(
             version=learner.version,
             applied=applied,
-            metric=metric,
             counts=learner.counts,
             classes=learner.n_classes,
-            calibration=learner.calibrator.calibration(),
             metric_puts=metric_puts,
-            frobenius_norm=float(np.linalg.norm(metric.L)),
+            frobenius_norm=float(np.linalg.norm(L)),
             hinge_loss=float(hinge.mean()) if len(hinge) else None,
             stability=learner.stability(),
+            config=learner.config,
+            L=L,
+            window=window,
+            window_meta=meta,
         )
+
+    @cached_property
+    def metric(self) -> Learner:
+        """A learner holding this snapshot's ``L`` (for the queries)."""
+        metric = Learner(self.config)
+        metric.set_metric(self.L)
+        return metric
+
+    @cached_property
+    def calibration(self) -> Calibration:
+        """The EER calibration of this snapshot's window."""
+        return ThresholdCalibrator.from_state(self.window, self.window_meta).calibration()
 
 
 class SnapshotBoard:

@@ -16,7 +16,11 @@ learner state for it at all. Checkpoints, each with the lease's fencing token: e
 ``OPML_CHECKPOINT_EVERY`` samples or ``OPML_CHECKPOINT_INTERVAL_S`` after the first unsaved
 change, and on a graceful stop or hand-over; each one trims the log behind it. After every batch
 the writer also publishes its applied seq in the model's meta hash (in the same round trip as
-its next read), for the admission control of processes that append but do not learn.
+its next read), for the admission control of processes that append but do not learn. After a
+batch that reached the end of the log that next read waits for the next append, at most
+:data:`PUBLISH_DELAY_S`: with one sample per request it then shares the next batch's read
+instead of costing a Redis round trip (and a write, under ``appendfsync always`` an fsync) of its
+own per sample.
 
 It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
 when the registry relays an append made through another process (the ``opml:appended``
@@ -69,6 +73,11 @@ log = logging.getLogger("service.writer")
 
 #: Log entries as read: (id, fields).
 Entries = list[tuple[StreamId, dict[bytes, bytes]]]
+
+#: Longest wait, after a batch that reached the end of the log, before the read that publishes
+#: its applied seq (see the module docstring); the admission control of other processes polls
+#: that seq about as often (``service.engine.runtime.FOLLOWER_POLL_S``).
+PUBLISH_DELAY_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -170,11 +179,11 @@ class Writer:
         backoff = 0.1
         while not self._stopping:
             try:
-                got = await self._step()
+                wait = await self._step()
                 backoff = 0.1
-                if not got:
+                if wait > 0:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._kick.wait(), self.settings.poll_interval_s)
+                        await asyncio.wait_for(self._kick.wait(), wait)
             except RedisError as exc:
                 telemetry.REDIS_ERROR["writer"].inc()
                 log.warning("%s: Redis error in the writer (%s); retrying", self.name, exc)
@@ -184,8 +193,10 @@ class Writer:
                 log.exception("%s: writer failed; retrying", self.name)
                 await asyncio.sleep(1.0)
 
-    async def _step(self) -> bool:
-        """Read and apply one batch (checkpoint when due); False when the log had nothing."""
+    async def _step(self) -> float:
+        """Read and apply one batch (checkpoint when due); how long the next read may wait for
+        an append: 0 while the log has more, :data:`PUBLISH_DELAY_S` after a batch that reached
+        its end, the poll interval when it had nothing."""
         read_at = time.monotonic()
         # Cleared before the read: an append that lands during the read sets it again, so the
         # wait in the loop cannot sleep through it.
@@ -201,7 +212,7 @@ class Writer:
             # our lease, or fenced). Stop learning; the registry drops this writer.
             self.lease.lose("another process checkpointed past this one's position")
             self._stopping = True
-            return False
+            return 0.0
         if tail.entries:
             await self._apply(tail.entries)
         if len(tail.entries) < count:
@@ -210,7 +221,9 @@ class Writer:
             self.synced_at = read_at
         if self.lease.held and self._checkpoint_due():
             await self._write_checkpoint()
-        return bool(tail.entries)
+        if len(tail.entries) == count:
+            return 0.0
+        return PUBLISH_DELAY_S if tail.entries else self.settings.poll_interval_s
 
     async def _apply(self, entries: Entries) -> None:
         started = time.perf_counter()

@@ -231,6 +231,15 @@ def series(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: s
     return {lab: v for (n, lab), v in samples.items() if n == name and want <= lab}
 
 
+def lean_count(client: httpx.Client, route: str) -> float:
+    """How many requests of ``route`` (its template) the lean path answered so far."""
+    wanted = f'opml_http_lean_requests_total{{route="{route}"}}'
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(wanted):
+            return float(line.split()[-1])
+    return 0.0
+
+
 def raw_request(port: int, head: str, body: bytes = b"") -> tuple[int, dict[str, str], bytes]:
     """Send ``head`` (request line + headers, no blank line) and ``body`` over a plain socket,
     whatever its Content-Length claims (httpx refuses to lie); return the answer."""

@@ -23,6 +23,7 @@ from tests.service.support import (
     RedisServer,
     assert_problem,
     core_learner,
+    lean_count,
     make_model,
     settled,
     stream,
@@ -326,14 +327,6 @@ def test_a_model_name_the_route_refuses_is_refused_alike(
         assert_problem(lean, lean.status_code)
 
 
-def _lean_count(client: httpx.Client, route: str) -> float:
-    wanted = f'opml_http_lean_requests_total{{route="{route}"}}'
-    for line in client.get("/metrics").text.splitlines():
-        if line.startswith(wanted):
-            return float(line.split()[-1])
-    return 0.0
-
-
 def test_the_lean_path_is_taken_when_on_and_only_then(
     service: ServiceProcess, routes_service: ServiceProcess, name: str
 ) -> None:
@@ -341,10 +334,10 @@ def test_the_lean_path_is_taken_when_on_and_only_then(
     for proc, taken in ((service, 3.0), (routes_service, 0.0)):
         with proc.client() as client:
             make_model(client, name, 2)
-            before = _lean_count(client, route)
+            before = lean_count(client, route)
             for _ in range(3):
                 client.post(f"/v1/models/{name}/distance", json={"a": [1, 2], "b": [0, 1]})
-            assert _lean_count(client, route) - before == taken
+            assert lean_count(client, route) - before == taken
 
 
 def test_lean_answers_are_counted_under_the_route_template(

@@ -26,7 +26,6 @@ squared distances.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +37,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 from service.api import parsing
 from service.api.deps import MinVersionDep, ModelsDep, NameDep, body_doc, json_body
 from service.api.parsing import NPY, NPZ
-from service.api.presenters import model_document, verify_threshold
+from service.api.presenters import json_response, model_document, verify_threshold
 from service.api.schemas import (
     CertificateOut,
     DistanceBody,
@@ -68,14 +67,6 @@ THREAD_VALUES = 1 << 16
 _GALLERY_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-gallery")
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
-
-
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-
-
-def _json(content: dict[str, Any]) -> Response:
-    """Plain JSON (large matrices skip pydantic re-validation; NaN is impossible)."""
-    return Response(_ENCODER.encode(content), media_type="application/json")
 
 
 async def _gallery_call(fn: Callable[[Array, Array], Array], a: Array, B: Array) -> Array:
@@ -115,7 +106,7 @@ async def distance_answer(
             rsq = await _gallery_call(snap.metric.restricted_squared_distances, va, B)
             many["restricted_distances"] = restricted_root(rsq).tolist()
             many["restricted_squared_distances"] = rsq.tolist()
-        return _json({**many, "version": snap.version})
+        return json_response({**many, "version": snap.version})
     vb = parsing.vector(b, d, ["body", "b"])
     value = snap.metric.squared_distance(va, vb)  # overflow: inf, quietly (the core's errstate)
     if not math.isfinite(value):
@@ -125,7 +116,7 @@ async def distance_answer(
         rvalue = snap.metric.restricted_squared_distance(va, vb)  # in [0, 1): always finite
         one["restricted_distance"] = float(restricted_root(rvalue))
         one["restricted_squared_distance"] = rvalue
-    return _json({**one, "version": snap.version})
+    return json_response({**one, "version": snap.version})
 
 
 def verify_answer(
@@ -148,7 +139,7 @@ def verify_answer(
         decided = value
     same = decided <= limit
     runtime.metrics.verify_decision(same, source)
-    return _json(
+    return json_response(
         {
             "same": same,
             "squared_distance": value,
@@ -266,7 +257,7 @@ async def transform(
     X = parsing.matrix(body.x, snap.metric.dim, ["body", "x"])
     with np.errstate(all="ignore"):
         Z = parsing.finite_or_422(snap.metric.transform(X), "z")
-    return _json({"z": Z.tolist(), "version": snap.version})
+    return json_response({"z": Z.tolist(), "version": snap.version})
 
 
 @router.get(
@@ -282,7 +273,7 @@ async def get_metric(
     if parsing.wants_npy(accept):
         body = parsing.npy_bytes(np.asarray(snap.metric.L))
         return Response(body, media_type=NPY, headers={"X-Version": str(snap.version)})
-    return _json({"L": snap.metric.L.tolist(), "version": snap.version})
+    return json_response({"L": snap.metric.L.tolist(), "version": snap.version})
 
 
 @router.put("/metric", response_model=ModelOut, openapi_extra=body_doc(MetricBody))
@@ -344,4 +335,4 @@ async def get_certificate(
     checked_delta, checked_method = parsing.certificate_args(delta, method)
     runtime = await models.lookup(name)
     cert = await runtime.certificate(min_version, checked_delta, checked_method, threshold)
-    return _json(_finite(cert.to_dict()))
+    return json_response(_finite(cert.to_dict()))
