@@ -11,28 +11,32 @@ import contextlib
 import functools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from scipy.linalg.blas import dtrmm
 from threadpoolctl import ThreadpoolController
 
+from service.core import steps
 from service.core._validation import (
     Array,
+    check_int,
     check_matrix,
     check_metric,
-    check_positive,
     check_vector,
     label_key,
 )
 from service.core.calibration import ThresholdCalibrator
+from service.core.race import DEFAULT_GAMMA, Race
+from service.core.tracks import Tracks
 from service.core.update import OUTCOMES as OUTCOMES
-from service.core.update import TRIPLET_CODES, StepResult, StepResults, learn_batch
+from service.core.update import STEP_SCALE, StepResult, StepResults
 
 Algorithm = Literal["opml", "copml"]
 Normalize = Literal["none", "l2"]
 
-STATE_FORMAT = 1
+#: 2: step rules, scale estimate, divergence monitor, race (format 1 = the paper's rule only).
+STATE_FORMAT = 2
 
 
 def _quiet() -> np.errstate:
@@ -57,55 +61,66 @@ def _blas() -> ThreadpoolController:
     return ThreadpoolController()
 
 
+#: Largest model dimension the core accepts (``L`` alone is 8 GiB there).
+MAX_DIM = 32768
+
+
 @dataclass(frozen=True)
 class LearnerConfig:
     """Hyperparameters of one model, validated on construction.
 
     ``gamma`` is the triplet step size (the paper's gamma_2 for COPML), ``gamma_pair`` the
-    COPML pair step size (gamma_1). The defaults come from ``benchmarks/results/gamma_grid.md``
-    (z-scored features): ``gamma = 1e-3`` is the largest step that keeps all ten Table II data
-    sets within the paper's bar (at 3e-3 optdigits, d = 64, already fails), and
-    ``gamma_pair = 1e-2`` gives the best cold start (Table IV) at every gamma tried.
-    ``normalize="l2"`` scales every input (samples and query vectors alike) to unit norm, where
-    the paper's ``gamma < 1/4`` guarantee holds.
+    COPML pair step size (gamma_1), ``margin`` the hinge margin (Eq. 4). ``step`` says in which
+    units they are read (:mod:`service.core.steps`): ``"scaled"`` (default) in units of the
+    stream's typical squared difference, so the same values work at any input scale and
+    dimension; ``"paper"`` in the input's units, the paper's literal rule. ``None`` means the
+    rule's default: scaled ``gamma = gamma_pair = 0.1``; paper ``gamma = 1e-3`` (the largest
+    step that keeps all ten Table II data sets within the paper's bar,
+    ``benchmarks/results/gamma_grid.md``) and ``gamma_pair = 1e-2``. ``gamma="auto"``
+    (scaled only) races a grid of step sizes during the first ``auto_warmup`` triplets and
+    keeps the winner (:mod:`service.core.race`). ``normalize="l2"`` scales every input (samples
+    and query vectors alike) to unit norm. Every value has a documented range
+    (:mod:`service.core.steps`); outside it, ``ValueError`` naming the argument.
 
-    >>> LearnerConfig(dim=3).algorithm
-    'copml'
-    >>> LearnerConfig(dim=3, gamma=-1)
+    >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
+    ('copml', 'scaled', 0.1)
+    >>> LearnerConfig(dim=3, step="paper").gamma
+    0.001
+    >>> LearnerConfig(dim=3, gamma=1e300)
     Traceback (most recent call last):
     ...
-    ValueError: gamma: must be a finite number > 0, got -1
+    ValueError: gamma: must be in (0, 1], got 1e+300
     """
 
     dim: int
     algorithm: Algorithm = "copml"
-    gamma: float = 1e-3
-    gamma_pair: float = 1e-2
+    gamma: float | Literal["auto"] | None = None
+    gamma_pair: float | None = None
     margin: float = 1.0
     normalize: Normalize = "none"
     seed: int = 0
     calibration_window: int = 1000
+    step: steps.Step | None = None
+    auto_warmup: int = 1000
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int | np.integer):
-            raise ValueError(f"dim: must be an integer, got {self.dim!r}")
-        if self.dim < 1:
-            raise ValueError(f"dim: must be >= 1, got {self.dim}")
+        object.__setattr__(self, "dim", check_int(self.dim, "dim", 1, MAX_DIM))
         if self.algorithm not in ("opml", "copml"):
             raise ValueError(f"algorithm: must be 'opml' or 'copml', got {self.algorithm!r}")
         if self.normalize not in ("none", "l2"):
             raise ValueError(f"normalize: must be 'none' or 'l2', got {self.normalize!r}")
-        object.__setattr__(self, "dim", int(self.dim))
-        object.__setattr__(self, "gamma", check_positive(self.gamma, "gamma"))
-        object.__setattr__(self, "gamma_pair", check_positive(self.gamma_pair, "gamma_pair"))
-        object.__setattr__(self, "margin", check_positive(self.margin, "margin"))
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer):
-            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
-        if self.seed < 0:
-            raise ValueError(f"seed: must be >= 0, got {self.seed}")
-        object.__setattr__(self, "seed", int(self.seed))
-        if self.calibration_window < 1:
-            raise ValueError(f"calibration_window: must be >= 1, got {self.calibration_window}")
+        step, gamma, gamma_pair, margin = steps.resolve(
+            self.step, self.gamma, self.gamma_pair, self.margin
+        )
+        object.__setattr__(self, "step", step)
+        object.__setattr__(self, "gamma", gamma)
+        object.__setattr__(self, "gamma_pair", gamma_pair)
+        object.__setattr__(self, "margin", margin)
+        object.__setattr__(self, "seed", check_int(self.seed, "seed", 0, 2**128 - 1))
+        window = check_int(self.calibration_window, "calibration_window", 1, 1_000_000)
+        object.__setattr__(self, "calibration_window", window)
+        warmup = check_int(self.auto_warmup, "auto_warmup", 10, 100_000)
+        object.__setattr__(self, "auto_warmup", warmup)
 
 
 @dataclass
@@ -149,7 +164,7 @@ def _normalized_minus(X: Array, how: Normalize, A: Array, out: Array) -> Array:
 class Learner:
     """OPML / COPML learning one sample at a time, with the queries of the live metric.
 
-    >>> learner = Learner(LearnerConfig(dim=4, gamma=0.05, margin=2.0, seed=1))
+    >>> learner = Learner(LearnerConfig(dim=4, margin=4.0, seed=1))
     >>> learner.learn_one([0.0, 0.0, 0.0, 1.0], "a").outcome
     'new_class'
     >>> learner.learn_one([0.0, 0.0, 0.1, 1.0], "a").outcome   # COPML cold start
@@ -163,29 +178,87 @@ class Learner:
     (4, ['a', 'b'])
     >>> round(learner.squared_distance([0, 0, 0, 1], [0, 0, 0, 1]), 6)
     0.0
+    >>> learner.health["state"], learner.race is None
+    ('ok', True)
+
+    The learner's own view of its run (JSON-safe dicts, for the model document, ``/events`` and
+    metrics): :attr:`health` (divergence monitor, :mod:`service.core.health`), :attr:`race`
+    (``gamma="auto"``, :mod:`service.core.race`) and :attr:`effective` (the step sizes and
+    margin in input units, as the last step used them).
     """
 
     def __init__(self, config: LearnerConfig) -> None:
         self.config = config
         d = config.dim
-        self._L: Array = np.eye(d)
-        self._bound = 1.0  # an upper bound of max |L_ij| (see service.core.update)
         self._R: Array | None = None  # triangular factor of L for one-to-many (see _factor)
         self._buffer: Array = np.empty((4, d))
         self._classes: list[str] = []
         self._index: dict[str, int] = {}
         self._rng = np.random.default_rng(config.seed)
         self._stats = _Stats()
-        self.calibrator = ThresholdCalibrator(config.calibration_window)
+        # Running scale [S, n] of step="scaled" (service.core.update), kept in every mode.
+        self._stream: Array = np.zeros(2)
+        auto = config.gamma == steps.AUTO
+        gamma = DEFAULT_GAMMA if auto else float(config.gamma)  # type: ignore[arg-type]
+        self._tracks = Tracks(np.eye(d), [gamma], config.calibration_window)
+        # The race copies L at the first learned sample (a PUT before it is raced from).
+        self._race = Race(config.auto_warmup) if auto else None
 
     # -- read-only views -------------------------------------------------------------------
 
     @property
     def L(self) -> Array:
         """The transformation matrix (a read-only view; copy it to keep it)."""
-        view = self._L.view()
+        view = self._tracks.L.view()
         view.flags.writeable = False
         return view
+
+    @property
+    def calibrator(self) -> ThresholdCalibrator:
+        """The verification threshold calibrator of the served metric."""
+        return self._tracks.calibrator
+
+    @property
+    def health(self) -> dict[str, Any]:
+        """The divergence monitor of the served metric: ``state`` (``"ok"``, ``"diverging"``,
+        ``"stabilised"``), ``shrunk_rate``, ``growth`` / ``growth_rate`` (log10 of the growth of
+        ``||L||_F`` since the start / over the last window), ``frobenius_norm``,
+        ``times_tripped``, ``step_scale`` (the factor the trips left on the step sizes) and
+        ``updates``. See :mod:`service.core.health` for the policy."""
+        return self._tracks.health()
+
+    @property
+    def race(self) -> dict[str, Any] | None:
+        """``gamma="auto"``: the race's ``state`` (``"racing"`` / ``"done"``), ``grid``,
+        ``warmup``, progress, ``serving`` / ``winner`` step size, each rung's scores
+        (``rounds``) and the live candidates with their health; None otherwise."""
+        if self._race is None:
+            return None
+        return self._race.report(self._tracks if self._race.started else None)
+
+    @property
+    def effective(self) -> dict[str, float | None]:
+        """The served metric's step sizes and margin in input units, as the next step would
+        use them (``gamma_t``, ``gamma_pair_t``, ``margin_t`` of :mod:`service.core.update`,
+        with the divergence monitor's ``step_scale`` applied), and ``scale``, the running mean
+        squared difference ``S`` (None before the first difference; the scaled figures are
+        None then too). ``margin`` is what the hinge (Eq. 4) and a fallback verification
+        threshold are in squared-distance units."""
+        cfg, tracks = self.config, self._tracks
+        scale = float(self._stream[0]) if self._stream[1] > 0 else None
+        cut = float(tracks.state[tracks.served, STEP_SCALE])
+        gamma = float(tracks.gammas[tracks.served]) * cut
+        pair = cast(float, cfg.gamma_pair) * cut
+        if cfg.step == "paper":
+            return {"scale": scale, "gamma": gamma, "gamma_pair": pair, "margin": cfg.margin}
+        if not scale:
+            return {"scale": scale, "gamma": None, "gamma_pair": None, "margin": None}
+        return {
+            "scale": scale,
+            "gamma": gamma / scale,
+            "gamma_pair": pair / scale,
+            "margin": cfg.margin * scale,
+        }
 
     @property
     def dim(self) -> int:
@@ -259,42 +332,63 @@ class Learner:
         # Every sample draws one uniform, used when it forms a triplet (Sec. III-A), so the
         # stream of draws does not depend on how samples are batched.
         uniforms = self._rng.random(n)
-        codes = np.empty(n, dtype=np.int64)
-        values = np.empty((n, 4))
+        race = self._race
+        if race is not None and not race.started:
+            race.start(self._tracks)
+        racing = race is not None and not race.done
         cfg = self.config
         args = (
-            self._L,
-            self._buffer,
-            rows,
-            slots,
-            known,
-            uniforms,
             cfg.algorithm == "copml",
-            cfg.gamma,
-            cfg.gamma_pair,
-            cfg.margin,
-            self._bound,
-            codes,
-            values,
+            cfg.step == "scaled",
+            cast(float, cfg.gamma_pair),
+            float(cfg.margin),
+            self._stream,
         )
-        if n == 1 and self.dim < _THREADED_DIM:
-            self._bound = learn_batch(*args)
-        else:
-            # The step is memory-bound with an inner dimension of 2: one BLAS thread is as
-            # fast on an idle machine and several times faster on a busy one.
-            with _blas().limit(limits=1, user_api="blas"):
-                self._bound = learn_batch(*args)
+        pinned = n > 1 or self.dim >= _THREADED_DIM or racing
+        # The step is memory-bound with an inner dimension of 2: one BLAS thread is as fast
+        # on an idle machine and several times faster on a busy one.
+        with _blas().limit(limits=1, user_api="blas") if pinned else contextlib.nullcontext():
+            if race is None or not racing:
+                all_codes, all_values = self._tracks.learn(
+                    self._buffer, rows, slots, known, uniforms, *args
+                )
+                codes, values = all_codes[:, 0], all_values[:, 0]
+            else:
+                codes, values = self._race_segments(race, rows, slots, known, uniforms, args)
         self._stats.samples_seen += n
-        if n == 1:  # learn_one: spare it the array bookkeeping below
-            code = int(codes[0])
-            self._stats.outcomes[code] += 1
-            if TRIPLET_CODES[0] <= code <= TRIPLET_CODES[-1]:
-                self.calibrator.observe(float(values[0, 1]), float(values[0, 2]))
+        if n == 1:
+            self._stats.outcomes[int(codes[0])] += 1
         else:
-            triplets = (codes >= TRIPLET_CODES[0]) & (codes <= TRIPLET_CODES[-1])
-            self.calibrator.observe_many(values[triplets, 1], values[triplets, 2])
             self._stats.outcomes += np.bincount(codes, minlength=len(OUTCOMES))
         return StepResults(codes, values)
+
+    def _race_segments(
+        self,
+        race: Race,
+        rows: Array,
+        slots: Any,
+        known: Any,
+        uniforms: Array,
+        args: tuple[Any, ...],
+    ) -> tuple[Any, Array]:
+        """Learn a batch during a race: cut where a rung ends (at a fixed triplet count, so
+        any batching gives the same state); each segment's results are its served track's."""
+        n = len(rows)
+        forms = (slots != known) & (known >= 2)  # the samples that form a triplet
+        codes = np.empty(n, dtype=np.int64)
+        values = np.empty((n, 4))
+        start = 0
+        for end in race.cuts(forms):
+            part = slice(start, end)
+            served = self._tracks.served
+            seg_codes, seg_values = self._tracks.learn(
+                self._buffer, rows[part], slots[part], known[part], uniforms[part], *args
+            )
+            codes[part] = seg_codes[:, served]
+            values[part] = seg_values[:, served]
+            race.record(self._tracks, forms[part], seg_values)
+            start = end
+        return codes, values
 
     def _reserve(self, rows: int) -> None:
         """Grow the buffer H (doubling) to hold ``rows`` classes."""
@@ -312,8 +406,7 @@ class Learner:
 
     def set_metric(self, L: Any) -> None:
         """Replace ``L`` (warm start from a matrix learned elsewhere); the rest is kept."""
-        self._L = np.array(check_metric(L, self.dim, "L"), dtype=np.float64, order="C")
-        self._bound = float(np.abs(self._L).max())
+        self._tracks.set_metric(check_metric(L, self.dim, "L"))
         self._R = None
 
     # -- queries on the current metric (Eqs. 1, 2) -----------------------------------------
@@ -329,7 +422,7 @@ class Learner:
         X[1] = check_vector(b, d, "b")
         X = normalize_rows(X, self.config.normalize)  # row by row: as for each one alone
         with _quiet():  # enormous inputs may overflow to inf: an honest answer
-            z = self._L @ (X[0] - X[1])
+            z = self._tracks.L @ (X[0] - X[1])
             return float(z @ z)
 
     def distance(self, a: Any, b: Any) -> float:
@@ -355,7 +448,7 @@ class Learner:
         block = min(n, _QUERY_BLOCK)
         diff = np.empty((block, d))
         image = np.empty((block, d)) if R is None else diff
-        LT = self._L.T
+        LT = self._tracks.L.T
         pinned = _blas().limit(limits=1, user_api="blas") if n * d * d >= _PINNED_WORK else None
         with _quiet(), pinned or contextlib.nullcontext():
             for start in range(0, n, block):
@@ -375,26 +468,28 @@ class Learner:
         changes. Concurrent readers of an unchanging ``L`` may both compute it: harmless."""
         R = self._R
         if R is None:
-            R = self._R = np.asfortranarray(np.linalg.qr(self._L, mode="r"))
+            R = self._R = np.asfortranarray(np.linalg.qr(self._tracks.L, mode="r"))
         return R
 
     def transform(self, X: Any) -> Array:
         """``X L^T``: rows mapped into the learned space (Euclidean there = Eq. 1 here)."""
         with _quiet():
-            out: Array = self._prepare(X, "X") @ self._L.T
+            out: Array = self._prepare(X, "X") @ self._tracks.L.T
         return out
 
     # -- state -----------------------------------------------------------------------------
 
     def to_state(self) -> tuple[dict[str, Array], dict[str, Any]]:
-        """Arrays and JSON-safe metadata holding everything needed to resume exactly."""
+        """Arrays and JSON-safe metadata holding everything needed to resume exactly.
+
+        Arrays: ``L`` (the served metric), ``buffer`` (H, one row per class) and
+        ``calibration`` (its threshold window); while a ``gamma="auto"`` race runs, also
+        ``tracks_L`` and ``tracks_calibration`` (every candidate's) and ``race_pairs`` (the
+        current rung's measurements). A store must keep every array it is given.
+        """
         rng = self._rng.bit_generator.state
-        pairs, cal_meta = self.calibrator.to_state()
-        arrays = {
-            "L": self._L.copy(),
-            "buffer": self._buffer[: len(self._classes)].copy(),
-            "calibration": pairs,
-        }
+        track_arrays, track_meta = self._tracks.to_state()
+        arrays = {"buffer": self._buffer[: len(self._classes)].copy(), **track_arrays}
         meta: dict[str, Any] = {
             "format": STATE_FORMAT,
             "config": asdict(self.config),
@@ -408,18 +503,50 @@ class Learner:
             },
             "samples_seen": self._stats.samples_seen,
             "outcomes": {k: v for k, v in self.counts.items() if v},
-            "calibration": cal_meta,
+            "stream": self._stream.tolist(),  # floats survive JSON exactly (repr round-trips)
+            "tracks": track_meta,
+            "race": None,
         }
+        if self._race is not None:
+            pairs, meta["race"] = self._race.to_state()
+            if not self._race.done:
+                arrays["race_pairs"] = pairs
         return arrays, meta
 
     @classmethod
     def from_state(cls, arrays: dict[str, Array], meta: dict[str, Any]) -> Learner:
-        """Rebuild a learner from :meth:`to_state` output; ValueError if it is inconsistent."""
-        if meta.get("format") != STATE_FORMAT:
-            raise ValueError(f"state: unsupported format {meta.get('format')!r}")
-        learner = cls(LearnerConfig(**meta["config"]))
+        """Rebuild a learner from :meth:`to_state` output; ValueError if it is inconsistent.
+
+        Format 1 (before step rules existed) resumes as ``step="paper"``, the rule it ran.
+        """
+        fmt = meta.get("format")
+        if fmt not in (1, STATE_FORMAT):
+            raise ValueError(f"state: unsupported format {fmt!r}")
+        config = dict(meta["config"])
+        if fmt == 1:
+            config.setdefault("step", "paper")
+        learner = cls(LearnerConfig(**config))
         d = learner.dim
-        learner.set_metric(arrays["L"])
+        L = np.array(check_metric(arrays["L"], d, "L"), dtype=np.float64, order="C")
+        if fmt == 1:
+            learner.set_metric(L)
+            learner._tracks.calibrators = [
+                ThresholdCalibrator.from_state(arrays["calibration"], meta["calibration"])
+            ]
+        else:
+            learner._tracks = Tracks.from_state(arrays, meta["tracks"], L, d)
+            stream = np.array(meta["stream"], dtype=np.float64)
+            if stream.shape != (2,) or not np.isfinite(stream).all() or (stream < 0).any():
+                raise ValueError("state: stream scale is not two finite numbers >= 0")
+            learner._stream = stream
+            if (meta["race"] is None) != (learner._race is None):
+                raise ValueError("state: race state does not match gamma")
+            if meta["race"] is not None:
+                pairs = arrays.get("race_pairs", np.empty((0, 0, 2)))
+                learner._race = Race.from_state(pairs, meta["race"])
+                race = learner._race
+                if race.started and not race.done and len(race.alive) != len(learner._tracks):
+                    raise ValueError("state: race candidates and tracks do not match")
         classes = [str(k) for k in meta["classes"]]
         buffer = check_matrix(np.asarray(arrays["buffer"]).reshape(-1, d), d, "buffer")
         if len(buffer) != len(classes) or len(set(classes)) != len(classes):
@@ -436,9 +563,6 @@ class Learner:
         learner._stats.samples_seen = int(meta["samples_seen"])
         for name, count in meta["outcomes"].items():
             learner._stats.outcomes[OUTCOMES.index(name)] = int(count)
-        learner.calibrator = ThresholdCalibrator.from_state(
-            arrays["calibration"], meta["calibration"]
-        )
         return learner
 
 

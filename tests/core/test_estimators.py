@@ -91,8 +91,16 @@ def test_hyperparameters_reach_the_learner() -> None:
     )
     assert m.learner_.config.algorithm == "copml"
     assert OPML().fit(X, y).learner_.config.algorithm == "opml"
-    with pytest.raises(ValueError, match="gamma: must be a finite number > 0"):
+    assert OPML().fit(X, y).learner_.config.step == "scaled"
+    assert OPML(step="paper").fit(X, y).learner_.config.gamma == 1e-3
+    with pytest.raises(ValueError, match=r"gamma: must be in \(0, 1\]"):
         OPML(gamma=-1.0).fit(X, y)
+    with pytest.raises(ValueError, match=r"gamma: must be in \(0, 1e\+06\]"):
+        COPML(gamma=1e300, step="paper").fit(X, y)
+    with pytest.raises(ValueError, match="step: must be one of"):
+        COPML(step="literal").fit(X, y)
+    with pytest.raises(ValueError, match="dim: must be in"):
+        OPML().fit(np.zeros((3, 40000)), [0, 1, 0])
 
 
 def test_unfitted_and_mismatched_inputs_raise() -> None:

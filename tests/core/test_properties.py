@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,14 +30,25 @@ def streams(draw: st.DrawFn) -> tuple[LearnerConfig, np.ndarray, list[int]]:
     else:  # the same sample, over and over, under a couple of labels
         X[:] = X[0]
         y = [int(v) for v in rng.integers(0, 2, size=n)]
+    step = draw(st.sampled_from(["scaled", "paper"]))
+    if step == "paper":  # the paper's units: anything in range, extremes included
+        gamma: float | str = draw(st.sampled_from([1e-6, 1e-3, 0.2, 1.0, 1e6]))
+        gamma_pair = draw(st.sampled_from([1e-3, 0.5, 1e6]))
+        margin = draw(st.sampled_from([1e-6, 1.0, 1e6, 1e12]))
+    else:
+        gamma = draw(st.sampled_from([1e-6, 1e-3, 0.1, 1.0, "auto"]))
+        gamma_pair = draw(st.sampled_from([1e-6, 0.1, 1.0]))
+        margin = draw(st.sampled_from([1e-6, 1.0, 100.0]))
     config = LearnerConfig(
         dim=d,
         algorithm=draw(st.sampled_from(["opml", "copml"])),
-        gamma=draw(st.sampled_from([1e-6, 1e-3, 0.2, 1.0, 1e6])),
-        gamma_pair=draw(st.sampled_from([1e-3, 0.5, 1e6])),
-        margin=draw(st.sampled_from([1e-6, 1.0, 1e6])),
+        gamma=gamma,  # type: ignore[arg-type]
+        gamma_pair=gamma_pair,
+        margin=margin,
         normalize=draw(st.sampled_from(["none", "l2"])),
         seed=seed,
+        step=step,  # type: ignore[arg-type]
+        auto_warmup=draw(st.sampled_from([10, 40, 1000])),
     )
     return config, X, y
 
@@ -60,11 +72,17 @@ def test_any_stream_keeps_L_finite_and_counts_consistent(case) -> None:
             assert r.hinge is not None and r.hinge <= 0
         if r.outcome in ("triplet_update", "shrunk_update"):
             assert r.hinge is not None and r.hinge > 0
-            assert r.gamma is not None and 0 < r.gamma <= config.gamma
+            assert r.gamma is not None and r.gamma > 0
+            if config.step == "paper":  # in input units; the monitor may only lower it
+                assert r.gamma <= config.gamma  # type: ignore[operator]
         if r.outcome == "pair_update":
             assert config.algorithm == "copml"
     if config.algorithm == "opml":
         assert learner.counts["pair_update"] == 0
+    health = learner.health
+    assert np.isfinite(health["frobenius_norm"])
+    assert health["frobenius_norm"] == pytest.approx(np.linalg.norm(learner.L), rel=1e-6)
+    assert 0 < health["step_scale"] <= 1
     cal = learner.calibrator.calibration()
     triplets = sum(learner.counts[k] for k in ("triplet_update", "shrunk_update", "passive"))
     assert cal.pairs == min(triplets, learner.calibrator.window)

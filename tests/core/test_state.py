@@ -30,18 +30,21 @@ def round_trip(learner: Learner) -> Learner:
 
 
 @pytest.mark.parametrize("algorithm", ["opml", "copml"])
+@pytest.mark.parametrize("step", ["scaled", "paper", "auto"])
 @pytest.mark.parametrize("seed", range(5))
-def test_resume_at_a_random_cut_is_bit_identical(algorithm: str, seed: int) -> None:
+def test_resume_at_a_random_cut_is_bit_identical(algorithm: str, step: str, seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
     d = int(rng.choice([2, 21, 64]))
     X, y = make_stream(600, d, int(rng.integers(2, 12)), seed)
     config = LearnerConfig(
         dim=d,
-        algorithm=algorithm,
-        gamma=0.02,
-        margin=2.0,  # type: ignore[arg-type]
+        algorithm=algorithm,  # type: ignore[arg-type]
+        gamma="auto" if step == "auto" else 0.02,
+        margin=2.0,
         seed=seed,
         calibration_window=50,
+        step="paper" if step == "paper" else "scaled",
+        auto_warmup=400,  # the cut falls before, inside or after the race
     )
     cut = int(rng.integers(0, 600))
     whole = Learner(config)
@@ -77,3 +80,58 @@ def test_from_state_rejects_inconsistent_state() -> None:
         Learner.from_state(arrays, {**meta, "format": 99})
     with pytest.raises(ValueError, match="L: contains NaN"):
         Learner.from_state({**arrays, "L": np.full((3, 3), np.nan)}, meta)
+    with pytest.raises(ValueError, match="stream scale"):
+        Learner.from_state(arrays, {**meta, "stream": [float("nan"), 1.0]})
+    with pytest.raises(ValueError, match="track state is not finite"):
+        bad = [[float("inf")] * len(row) for row in meta["tracks"]["state"]]
+        Learner.from_state(arrays, {**meta, "tracks": {**meta["tracks"], "state": bad}})
+    with pytest.raises(ValueError, match="race state does not match gamma"):
+        Learner.from_state(arrays, {**meta, "config": {**meta["config"], "gamma": "auto"}})
+
+
+def test_mid_race_state_holds_every_candidate() -> None:
+    X, y = make_stream(300, 5, 3, 4)
+    learner = Learner(LearnerConfig(dim=5, gamma="auto", auto_warmup=400))
+    learner.learn_many(X, y)
+    arrays, meta = learner.to_state()
+    assert set(arrays) == {
+        "L",
+        "buffer",
+        "calibration",
+        "tracks_L",
+        "tracks_calibration",
+        "race_pairs",
+    }
+    assert arrays["tracks_L"].shape == (2, 5, 5)  # 4 candidates, halved after 200 triplets
+    assert arrays["race_pairs"].shape[0] == 2
+    assert json.loads(json.dumps(meta)) == meta
+    resumed = round_trip(learner)
+    assert resumed.race == learner.race
+    with pytest.raises(ValueError, match="tracks_L does not hold the served L"):
+        Learner.from_state({**arrays, "L": arrays["L"] + 1.0}, meta)
+
+
+def test_format_1_checkpoint_resumes_as_the_paper_rule() -> None:
+    """A checkpoint written before step rules existed continues exactly as it ran."""
+    X, y = make_stream(200, 4, 3, 5)
+    config = LearnerConfig(dim=4, step="paper", gamma=0.01, seed=3)
+    whole = Learner(config)
+    whole.learn_many(X, y)
+    first = Learner(config)
+    first.learn_many(X[:120], y[:120])
+    arrays, meta = first.to_state()
+    old_config = {k: v for k, v in meta["config"].items() if k not in ("step", "auto_warmup")}
+    old_meta = {
+        "format": 1,
+        "config": old_config,
+        "classes": meta["classes"],
+        "rng": meta["rng"],
+        "samples_seen": meta["samples_seen"],
+        "outcomes": meta["outcomes"],
+        "calibration": meta["tracks"]["calibration"],
+    }
+    old_arrays = {k: arrays[k] for k in ("L", "buffer", "calibration")}
+    resumed = Learner.from_state(old_arrays, old_meta)
+    assert resumed.config == config
+    resumed.learn_many(X[120:], y[120:])
+    assert np.array_equal(resumed.L, whole.L)
