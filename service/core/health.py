@@ -20,20 +20,24 @@ What is measured (inside the compiled learning loop, per step that changes ``L``
   the last ``set_metric``); ``growth_rate`` the same over the last complete window of
   :data:`GROWTH_WINDOW` updates.
 
-Policy. The monitor *trips* when, since it was last armed, at least :data:`MIN_TRIPLETS`
-triplet updates were seen and ``shrunk_rate > MAX_SHRUNK_RATE``, or when ``||L||_F`` reached
-:data:`MAX_GROWTH` times its value at the start of the current window. A trip halves the step
+Policy. The monitor *trips* when, since it was last armed, at least :data:`MIN_TRIPLETS` triplet
+updates were seen and ``shrunk_rate > MAX_SHRUNK_RATE``, or when ``||L||_F`` reached
+:data:`MAX_GROWTH` times its value at the start of the current window. A trip cuts the step
 multiplier ``step_scale`` (every later step of this copy of ``L`` uses ``step_scale * gamma``,
-``gamma_pair`` too), counts ``times_tripped``, and re-arms the monitor (rate and window start
-afresh), so a divergence that continues trips again and halves again. Nothing is undone: the
-metric learned so far is kept (it is usually still ordered correctly; only its scale ran away).
-``state`` is ``"ok"`` (never tripped), ``"diverging"`` (tripped within the last
-:data:`GROWTH_WINDOW` updates) or ``"stabilised"`` (tripped before; the reduced step has run a
-whole window since without tripping). The step multiplier never grows back: a stream that needed
-a smaller step once is taken to need it. The thresholds are fixed (not hyperparameters): on the
-Table II data sets, the digits and the Gaussian streams of issue 14, healthy runs stay at a
-shrunk rate of 0 and grow ``||L||_F`` by far less than 10x per window
-(``benchmarks/results/scales.md``).
+``gamma_pair`` too) by :data:`STEP_CUT`, or, when steps were shrunk since the monitor was armed,
+by their geometric-mean ratio ``step used / step asked`` if that is smaller: the factor by which
+the typical step overshot Lemma 2's limit, so one trip brings a step that is orders of magnitude
+too large (the paper's ``gamma = 1e-3`` on inputs scaled by 1000) back in range instead of
+halving twenty times while ``L`` compounds. A trip counts ``times_tripped`` and re-arms the
+monitor (rate, shrink ratios and window start afresh), so a divergence that continues trips
+again and cuts again. Nothing is undone: the metric learned so far is kept (it is usually still
+ordered correctly; only its scale ran away). ``state`` is ``"ok"`` (never tripped),
+``"diverging"`` (tripped within the last :data:`GROWTH_WINDOW` steps, passive ones included) or
+``"stabilised"`` (tripped before, and that many steps have passed since without a trip). The
+step multiplier never grows back: a stream that needed a smaller step once is taken to need it.
+The thresholds are fixed (not hyperparameters): on the Table II data sets, the digits and the
+Gaussian streams of issue 14, healthy runs stay at a shrunk rate of 0 and grow ``||L||_F`` by
+far less than 10x per window (``benchmarks/results/scales.md``).
 
 Everything here is a pure function of the stream in order: resuming from a checkpoint or
 batching differently gives the same trips at the same samples. The compiled part (the state
@@ -67,6 +71,7 @@ from service.core.update import (
     SHRUNK_RATE,
     STEP_CUT,
     STEP_SCALE,
+    STEPS,
     TRIPS,
     UPDATES,
     WINDOW_START,
@@ -92,6 +97,7 @@ def restart(st: Array, L: Array) -> Array:
     """``st`` after ``L`` was replaced: measurements start afresh, the step and trips stay."""
     out = fresh(L, st[STEP_SCALE], st[TRIPS])
     out[UPDATES] = st[UPDATES]
+    out[STEPS] = st[STEPS]
     out[WINDOW_START] = st[UPDATES]
     out[LAST_TRIP] = st[LAST_TRIP]
     return out
@@ -108,7 +114,7 @@ def report(st: Array) -> dict[str, Any]:
     trips = int(st[TRIPS])
     if trips == 0:
         state = "ok"
-    elif st[LAST_TRIP] >= 0 and st[UPDATES] - st[LAST_TRIP] < GROWTH_WINDOW:
+    elif st[LAST_TRIP] >= 0 and st[STEPS] - st[LAST_TRIP] < GROWTH_WINDOW:
         state = "diverging"
     else:
         state = "stabilised"

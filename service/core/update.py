@@ -122,7 +122,7 @@ _JIT: dict[str, Any] = {"cache": True, "nogil": True, "error_model": "numpy"}
 
 # Layout of one track's state vector (float64, updated in place by the compiled loop).
 BOUND = 0  # an upper bound of max |L_ij| (see _admit)
-STEP_SCALE = 1  # multiplier of the configured step sizes: 1, halved by every trip
+STEP_SCALE = 1  # multiplier of the configured step sizes: 1, cut by every trip
 FRO2 = 2  # ||L||_F^2, exact up to rounding
 FRO2_START = 3  # ||L||_F^2 of the metric the track started from
 FRO2_REF = 4  # ||L||_F^2 at the start of the current growth window
@@ -131,10 +131,13 @@ UPDATES = 6  # steps that changed L (triplet, shrunk, pair)
 ARMED = 7  # triplet updates since the monitor was (re-)armed
 SHRUNK_RATE = 8  # running share of shrunk triplet updates since armed
 TRIPS = 9  # times tripped
-LAST_TRIP = 10  # UPDATES at the last trip (-1: never)
+LAST_TRIP = 10  # STEPS at the last trip (-1: never)
 GROWTH_RATE = 11  # log10 growth of ||L||_F over the last complete window
 SYNCED = 12  # ||L||_F^2 when it was last measured in full
-STATE_SIZE = 13
+SHRUNK_N = 13  # shrunk triplet updates since armed ...
+SHRUNK_LOG = 14  # ... and the sum of log(step used / step asked) over them
+STEPS = 15  # triplet and pair steps that measured their distances (updates and passive ones)
+STATE_SIZE = 16
 
 #: Triplet updates the shrunk rate averages over.
 SHRUNK_HORIZON = 100
@@ -146,7 +149,7 @@ MAX_SHRUNK_RATE = 0.1
 GROWTH_WINDOW = 100
 #: Largest tolerated growth of ||L||_F within one window.
 MAX_GROWTH = 10.0
-#: Factor applied to the step at each trip.
+#: Factor applied to the step at each trip (or the shrunk steps' typical ratio, if smaller).
 STEP_CUT = 0.5
 #: ||L||_F^2 is re-measured in full every this many updates ...
 RESYNC = 128
@@ -169,10 +172,12 @@ def fresh(L: Array, step_scale: float = 1.0, trips: float = 0.0) -> Array:
 
 
 @njit(**_JIT)  # type: ignore[untyped-decorator]
-def record_update(st: Array, L: Array, fro2: float, triplet: bool, shrunk: bool) -> None:
-    """Book one step that changed ``L`` (new ``||L||_F^2 = fro2``), and apply the policy."""
+def record_update(st: Array, L: Array, fro2: float, triplet: bool, ratio: float) -> None:
+    """Book one step that changed ``L`` (new ``||L||_F^2 = fro2``; ``ratio`` = step used /
+    step asked, below 1 for a shrunk step), and apply the policy."""
     updates = st[UPDATES] + 1.0
     st[UPDATES] = updates
+    st[STEPS] += 1.0
     # The O(d) update carries its rounding error in absolute terms, so once ||L||_F^2 has
     # shrunk a lot since it was last measured the error is large relative to it: measure then.
     if updates % RESYNC == 0.0 or fro2 < CANCELLATION * st[SYNCED]:
@@ -183,16 +188,22 @@ def record_update(st: Array, L: Array, fro2: float, triplet: bool, shrunk: bool)
     if triplet:
         armed = st[ARMED] + 1.0
         st[ARMED] = armed
+        shrunk = ratio < 1.0
         st[SHRUNK_RATE] += ((1.0 if shrunk else 0.0) - st[SHRUNK_RATE]) / min(armed, SHRUNK_HORIZON)
+        if shrunk:
+            st[SHRUNK_N] += 1.0
+            st[SHRUNK_LOG] += math.log(ratio)
     ref = st[FRO2_REF]
     grown = ref > 0.0 and st[FRO2] > _MAX_GROWTH2 * ref
     rate_high = st[ARMED] >= MIN_TRIPLETS and st[SHRUNK_RATE] > MAX_SHRUNK_RATE
     if grown or rate_high:
-        st[STEP_SCALE] *= STEP_CUT
+        cut = STEP_CUT
+        if st[SHRUNK_N] > 0.0:  # the steps asked for were this much past Lemma 2's limit
+            cut = min(cut, math.exp(st[SHRUNK_LOG] / st[SHRUNK_N]))
+        st[STEP_SCALE] *= cut
         st[TRIPS] += 1.0
-        st[LAST_TRIP] = updates
-        st[ARMED] = 0.0
-        st[SHRUNK_RATE] = 0.0
+        st[LAST_TRIP] = st[STEPS]
+        st[ARMED] = st[SHRUNK_RATE] = st[SHRUNK_N] = st[SHRUNK_LOG] = 0.0
         st[FRO2_REF] = st[FRO2]
         st[WINDOW_START] = updates
     elif updates - st[WINDOW_START] >= GROWTH_WINDOW:
@@ -293,10 +304,14 @@ def _triplet(
         out[:] = np.nan  # overflow (or inf - inf)
         return SKIPPED
     if hinge <= 0.0:
+        st[STEPS] += 1.0
         return PASSIVE
     code = TRIPLET_UPDATE
+    ratio = 1.0
     if 1.0 + gamma * minus < MIN_EIGENVALUE:  # Lemma 2: I + gamma A near singular
-        gamma = (1.0 - MIN_EIGENVALUE) / -minus
+        shrunk = (1.0 - MIN_EIGENVALUE) / -minus
+        ratio = shrunk / gamma
+        gamma = shrunk
         code = SHRUNK_UPDATE
     det = (1.0 + gamma * plus) * (1.0 + gamma * minus)  # eta + beta, Eqs. 15-16
     s = gamma / det
@@ -326,7 +341,7 @@ def _triplet(
             row[j] += p * u[j] + q * v[j]
     st[BOUND] = new_bound
     out[3] = used
-    record_update(st, L, fro2, True, code == SHRUNK_UPDATE)
+    record_update(st, L, fro2, True, ratio)
     return code
 
 
@@ -361,7 +376,7 @@ def _pair(
             row[j] -= p * delta[j]
     st[BOUND] = new_bound
     out[3] = used
-    record_update(st, L, fro2, False, False)
+    record_update(st, L, fro2, False, 1.0)
     return PAIR_UPDATE
 
 
