@@ -57,7 +57,7 @@ class Config:
 
 
 #: Learners beside the paper's rule, as a user gets them: COPML with the library's defaults
-#: (``step="scaled"``, gamma 0.1, gamma_pair 0.1, margin 1) and with ``gamma="auto"``. Only
+#: (``step="scaled"``, gamma 0.05, gamma_pair 0.1, margin 1) and with ``gamma="auto"``. Only
 #: ``normalize`` is taken from the Config.
 LIBRARY_METHODS = ("default", "auto")
 

@@ -12,7 +12,7 @@ the training half, 5-NN with the nearest-tied-neighbour tie rule), 20 splits wit
   the second class appears, a few samples in a random stream);
 - OPML, ``step="scaled"`` (gamma and margin in units of the stream's typical squared
   difference, the library's default rule): gamma x margin, where the scaled defaults come from;
-- COPML, ``step="scaled"``, gamma 0.1, margin 1: gamma_pair.
+- COPML, ``step="scaled"``, the default gamma (0.05), margin 1: gamma_pair.
 
 Part B, Table IV cold-start protocol (``benchmarks/table4.py``, layouts ``stratified`` and
 ``rounds``, P = 10, 5, 2), 20 repetitions with seeds 1000+r: COPML gamma x gamma_pair, beside
@@ -55,8 +55,11 @@ from benchmarks.datasets import LOADERS, DataMissingError, load_segment
 from benchmarks.table2 import PAPER, cached_load
 from benchmarks.table4 import PAPER as PAPER4
 from benchmarks.table4 import cold_start_split
+from service.core.steps import DEFAULTS
 
 SEED = 1000
+#: The library's scaled defaults (gamma, gamma_pair).
+SCALED_DEFAULT = DEFAULTS["scaled"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +102,7 @@ def grid_table2() -> list[Entry]:
             cfg = Config(gamma=gamma, margin=margin, step="scaled")
             entries.append(Entry("opml-scaled", "opml", cfg))
     for gamma_pair in SCALED_PAIRS:
-        cfg = Config(gamma=0.1, gamma_pair=gamma_pair, step="scaled")
+        cfg = Config(gamma=SCALED_DEFAULT[0], gamma_pair=gamma_pair, step="scaled")
         entries.append(Entry("copml-scaled", "copml", cfg))
     return entries
 
@@ -113,7 +116,7 @@ BLOCK_TITLES = {
     "opml-l2": "OPML, normalize = l2",
     "copml-none": "COPML, normalize = none, margin = 1",
     "opml-scaled": 'OPML, step = "scaled" (gamma, margin in units of S_t)',
-    "copml-scaled": 'COPML, step = "scaled", gamma 0.1, margin 1',
+    "copml-scaled": f'COPML, step = "scaled", gamma {SCALED_DEFAULT[0]:g}, margin 1',
 }
 
 
@@ -380,9 +383,10 @@ def reading(rows: list[dict[str, Any]], names: list[str], cold: dict[str, float]
                 f"{top['beats']}/{n})."
             )
         for r in scaled:
-            if (cfg(r).gamma, cfg(r).margin) == (0.1, 1.0):
+            if (cfg(r).gamma, cfg(r).margin) == (SCALED_DEFAULT[0], 1.0):
                 out.append(
-                    f"- step = scaled, gamma = 0.1, margin = 1 (the library's default): "
+                    f"- step = scaled, gamma = {SCALED_DEFAULT[0]:g}, margin = 1 (the library's "
+                    "default): "
                     f"{r['passes']}/{n} in bar (outside: {failing(r)}), mean Δ "
                     f"{_pp(r['delta'])}, beats Euclidean on {r['beats']}/{n}, mean rank "
                     f"{r['rank']:.1f} of {len(scaled)}."

@@ -16,7 +16,7 @@ scaled to unit norm); ``x1000`` (raw times 1000). The learners get the variant a
 
 Methods: ``euclidean``; ``paper`` (COPML, ``step="paper"``, the old defaults gamma 1e-3,
 gamma_pair 1e-2, margin 1: what issue 14 measured, now with the divergence monitor);
-``default`` (COPML with the library's defaults: ``step="scaled"``, gamma 0.1, gamma_pair 0.1,
+``default`` (COPML with the library's defaults: ``step="scaled"``, gamma 0.05, gamma_pair 0.1,
 margin 1); ``auto`` (COPML, ``gamma="auto"``, warm-up 1,000 triplets); ``itml`` (metric-learn's
 batch ITML_Supervised, identity prior, its defaults: the batch quality bar). metric-learn 0.7
 still passes scikit-learn's ``force_all_finite`` keyword, which scikit-learn 1.9 removed; the
@@ -233,7 +233,7 @@ def targets(cells: dict[str, dict[str, dict[str, Any]]]) -> tuple[list[str], dic
         if np.isfinite(gap) and gap > worst:
             worst, worst_cell = gap, key
     lines = [
-        f"- **default vs Euclidean, 5-NN error, every cell (at most +1.00 point):** "
+        "- **default vs Euclidean, 5-NN error, every cell (at most +1.00 point):** "
         + ("met" if not misses else "MISSED in " + ", ".join(misses))
         + f"; the largest gap is {100 * worst:+.2f} points ({worst_cell})."
     ]
@@ -300,7 +300,7 @@ def tables(cells: dict[str, dict[str, dict[str, Any]]], methods: Sequence[str]) 
                 growth = "-" if r["growth"] is None else f"{r['growth']:+.1f}"
                 text = f"{r['trips']}/{r['shrunk']}/{growth}"
                 if m == "auto":
-                    text += f" γ={r['gamma']:g}" + ("" if r["race"] == "done" else " (racing)")
+                    text += f" gamma={r['gamma']:g}" + ("" if r["race"] == "done" else " (racing)")
                 parts.append(text)
             row.append("; ".join(parts))
         cpu = ", ".join(

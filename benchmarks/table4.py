@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for layout, table in tables.items():
         md += [f"## Layout `{layout}`", "", table, ""]
     md += [
-        '`default` and `auto`: COPML as the library ships it (`step="scaled"`: gamma 0.1, '
+        '`default` and `auto`: COPML as the library ships it (`step="scaled"`: gamma 0.05, '
         "gamma_pair 0.1, margin 1 in units of the stream's typical squared difference; "
         '`gamma="auto"`: four step sizes raced during the first 1,000 triplets), not set '
         "from the command line. "

@@ -248,7 +248,7 @@ class OPML(_OnlineMetric):
 
     ``gamma``, ``margin`` and ``step`` are :class:`~service.core.LearnerConfig`'s: with the
     default ``step="scaled"`` they are read in units of the data's typical squared difference
-    (``gamma=None``: 0.1; ``"auto"`` races a grid during the first ``auto_warmup`` triplets);
+    (``gamma=None``: 0.05; ``"auto"`` races a grid during the first ``auto_warmup`` triplets);
     ``step="paper"`` is the paper's literal rule (``gamma=None``: 1e-3).
 
     >>> from service.core import OPML

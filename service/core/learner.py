@@ -74,8 +74,8 @@ class LearnerConfig:
     units they are read (:mod:`service.core.steps`): ``"scaled"`` (default) in units of the
     stream's typical squared difference, so the same values work at any input scale and
     dimension; ``"paper"`` in the input's units, the paper's literal rule. ``None`` means the
-    rule's default: scaled ``gamma = gamma_pair = 0.1``; paper ``gamma = 1e-3`` (the largest
-    step that keeps all ten Table II data sets within the paper's bar,
+    rule's default: scaled ``gamma = 0.05``, ``gamma_pair = 0.1``; paper ``gamma = 1e-3`` (the
+    largest step that keeps all ten Table II data sets within the paper's bar,
     ``benchmarks/results/gamma_grid.md``) and ``gamma_pair = 1e-2``. ``gamma="auto"``
     (scaled only) races a grid of step sizes during the first ``auto_warmup`` triplets and
     keeps the winner (:mod:`service.core.race`). ``normalize="l2"`` scales every input (samples
@@ -83,7 +83,7 @@ class LearnerConfig:
     (:mod:`service.core.steps`); outside it, ``ValueError`` naming the argument.
 
     >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
-    ('copml', 'scaled', 0.1)
+    ('copml', 'scaled', 0.05)
     >>> LearnerConfig(dim=3, step="paper").gamma
     0.001
     >>> LearnerConfig(dim=3, gamma=1e300)
@@ -184,7 +184,7 @@ class Learner:
     The learner's own view of its run (JSON-safe dicts, for the model document, ``/events`` and
     metrics): :attr:`health` (divergence monitor, :mod:`service.core.health`), :attr:`race`
     (``gamma="auto"``, :mod:`service.core.race`) and :attr:`effective` (the step sizes and
-    margin in input units, as the last step used them).
+    margin in input units, as the next step will use them).
     """
 
     def __init__(self, config: LearnerConfig) -> None:

@@ -24,7 +24,7 @@ The OPML step is defined for every ``gamma > 0`` only thanks to the shrink guard
 for ``gamma < 1/4`` and ``||x|| <= 1``): past the bounds above the guard, not ``gamma``, sets
 almost every step. In scaled units a triplet is shrunk when ``gamma ||b||^2 > 0.9 S``, so at
 ``gamma = 1`` any negative difference longer than the typical one is; ``gamma = 1`` already gave
-5-NN errors over 50 % on the digits (0.3 is the largest grid value of ``"auto"``). The pair step
+5-NN errors over 50 % on the digits (0.2 is the largest grid value of ``"auto"``). The pair step
 (Eq. 20) has no guard to hit, but ``gamma_pair = 1`` already divides ``L`` by about 2 along a
 typical pair difference per step. ``margin`` in scaled units compares with the gap
 ``||L b||^2 - ||L a||^2`` of typical differences (about 1 at the start): at 100 every triplet
@@ -33,9 +33,9 @@ the arithmetic finite and refuse nonsense (``gamma = 1e300``): ``gamma = 1e6`` i
 (``gamma ||b||^2 ~ 1``) for inputs at a scale of 1e-3, ``margin = 1e12`` a margin for inputs at
 a scale of 1e6; for data outside that, ``step="scaled"`` is the tool.
 
-Defaults (``benchmarks/results/table2.md``, ``table4.md``, ``scales.md``): scaled ``gamma =
-0.1``, ``gamma_pair = 0.1``, ``margin = 1``; paper ``gamma = 1e-3``, ``gamma_pair = 1e-2``,
-``margin = 1`` (``gamma_grid.md``).
+Defaults (``benchmarks/results/gamma_grid.md``, ``table2.md``, ``scales.md``): scaled
+``gamma = 0.05``, ``gamma_pair = 0.1``, ``margin = 1``; paper ``gamma = 1e-3``,
+``gamma_pair = 1e-2``, ``margin = 1`` (``gamma_grid.md``).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ STEPS: tuple[Step, ...] = ("scaled", "paper")
 AUTO = "auto"
 
 #: Default ``gamma`` and ``gamma_pair`` of each step rule.
-DEFAULTS: dict[str, tuple[float, float]] = {"scaled": (0.1, 0.1), "paper": (1e-3, 1e-2)}
+DEFAULTS: dict[str, tuple[float, float]] = {"scaled": (0.05, 0.1), "paper": (1e-3, 1e-2)}
 #: Upper bounds of ``gamma`` / ``gamma_pair`` and of ``margin`` (lower bound: > 0).
 LIMITS: dict[str, tuple[float, float]] = {"scaled": (1.0, 100.0), "paper": (1e6, 1e12)}
 
@@ -61,7 +61,7 @@ def resolve(
     """Validated ``(step, gamma, gamma_pair, margin)``; ``None`` means the rule's default.
 
     >>> resolve(None, None, None, 1.0)
-    ('scaled', 0.1, 0.1, 1.0)
+    ('scaled', 0.05, 0.1, 1.0)
     >>> resolve("paper", None, 0.5, 2)
     ('paper', 0.001, 0.5, 2.0)
     >>> resolve("scaled", "auto", None, 1.0)[1]

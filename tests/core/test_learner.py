@@ -274,7 +274,7 @@ def test_paper_rule_ranges_are_its_own(field: str, value: object, message: str) 
 def test_config_defaults_depend_on_the_step_rule() -> None:
     scaled = LearnerConfig(dim=3)
     paper = LearnerConfig(dim=3, step="paper")
-    assert (scaled.step, scaled.gamma, scaled.gamma_pair, scaled.margin) == ("scaled", 0.1, 0.1, 1)
+    assert (scaled.step, scaled.gamma, scaled.gamma_pair, scaled.margin) == ("scaled", 0.05, 0.1, 1)
     assert (paper.step, paper.gamma, paper.gamma_pair, paper.margin) == ("paper", 1e-3, 1e-2, 1)
     # At the top of their ranges (inclusive) both rules are accepted.
     LearnerConfig(dim=32768, gamma=1.0, gamma_pair=1.0, margin=100.0, seed=2**128 - 1)
