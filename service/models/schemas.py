@@ -42,9 +42,12 @@ class ModelCreate(_Body):
     name: ModelName
     dim: int = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
     algorithm: Literal["copml", "opml"] = "copml"
-    gamma: float = Field(default=1e-3, gt=0, allow_inf_nan=False, description="Triplet step size.")
-    gamma_pair: float = Field(
-        default=1e-2, gt=0, allow_inf_nan=False, description="COPML pair step."
+    # None: the core's default for its step rule (service.core.steps).
+    gamma: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="Triplet step size."
+    )
+    gamma_pair: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="COPML pair step."
     )
     margin: float = Field(
         default=1.0, gt=0, allow_inf_nan=False, description="Hinge margin (Eq. 4)."
