@@ -70,12 +70,16 @@ taken as ``alpha ||b - (kappa/alpha) a||^2`` instead). ``lambda_+ >= 0 >= lambda
   any direction, and the divisor ``det = (1 + gamma lambda_+)(1 + gamma lambda_-)`` is never
   below ``MIN_EIGENVALUE``. Under the paper's assumptions (``||x|| <= 1``, ``gamma < 1/4``,
   i.e. ``normalize="l2"``) ``lambda_- >= -4`` and no step with ``gamma <= 0.225`` is shrunk.
-* **Skip.** If the step's arithmetic would overflow float64 (enormous inputs), or would push an
-  entry of ``L`` past :data:`MAX_ABS_ENTRY`, ``L`` is left untouched and the outcome is
-  ``skipped``. A running upper bound of ``max |L_ij|`` decides this: a correction ``p q^T``
-  changes no entry by more than ``||p|| ||q||``, known in O(1) from the step's scalars, and the
-  bound is re-measured exactly, in O(d^2), only when it nears the limit. So ``L`` never holds
-  NaN or Inf.
+  Shrunk steps are what lets ``L`` compound out of range, so the divergence monitor
+  (:mod:`service.core.health`, :func:`record_update` below) watches their rate and the growth
+  of ``||L||_F``, and cuts the step when either runs away.
+* **Skip.** If the step's arithmetic would overflow float64 (enormous inputs: a squared norm of
+  a difference, a distance or the hinge is not finite), or would push an entry of ``L`` past
+  :data:`MAX_ABS_ENTRY`, ``L`` is left untouched and the outcome is ``skipped`` (the scale
+  estimate does not see such a step either). A running upper bound of ``max |L_ij|`` decides
+  this: a correction ``p q^T`` changes no entry by more than ``||p|| ||q||``, known in O(d) from
+  the step's vectors, and the bound is re-measured exactly, in O(d^2), only when it nears the
+  limit. So ``L`` never holds NaN or Inf.
 """
 
 from __future__ import annotations
