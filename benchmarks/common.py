@@ -1,6 +1,8 @@
-"""Shared pieces of the paper-reproduction benchmarks: scaling, k-NN error, learners, reporting.
+"""Shared pieces of the benchmarks: scaling, k-NN error, learners, the machine, CPU from /proc.
 
-Not a script; imported by ``benchmarks/table2.py``, ``table4.py`` and ``gamma_grid.py``.
+Not a script; imported by the paper reproductions (``table2.py``, ``table4.py``,
+``gamma_grid.py``) and the timing and service benchmarks. The service benchmarks start the
+service with :class:`service.launcher.ServiceProcess`.
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ import platform
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from subprocess import Popen
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -274,37 +274,26 @@ def fmt(mean: float, std: float) -> str:
     return f"{mean:.3f} ± {std:.3f}"
 
 
-def start_service(env: dict[str, str], cwd: Path, log_path: Path, timeout: float) -> Popen[bytes]:
-    """``python -m service`` with ``env`` (stdout/stderr appended to ``log_path``), once its
-    ``/readyz`` answers 200 on ``OPML_PORT``; the end of its log in the error otherwise."""
-    import httpx  # the core benchmarks do not need it
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-    log = open(log_path, "ab")  # noqa: SIM115 (the child keeps it)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "service"], cwd=cwd, env=env, stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{env['OPML_PORT']}/readyz"
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(log_path.read_text()[-3000:])
+
+def cpu_seconds(stat: Path) -> float:
+    """User + system CPU seconds from a ``/proc/<pid>[/task/<tid>]/stat`` file."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+
+
+def thread_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds of (the main thread, every other thread) of ``pid`` (threads that end
+    meanwhile are skipped)."""
+    main = other = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise TimeoutError(log_path.read_text()[-3000:])
-        time.sleep(0.1)
-
-
-def stop_process(proc: Popen[bytes] | None) -> None:
-    """SIGTERM, then SIGKILL if it has not ended within 30 s."""
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+            cpu = cpu_seconds(task / "stat")
+        except (OSError, IndexError):
+            continue
+        if int(task.name) == pid:
+            main = cpu
+        else:
+            other += cpu
+    return main, other

@@ -14,7 +14,8 @@ Side by side in one run, at d in {21, 64, 310, 1024} (plus 128 and 512 for the s
   main memory; an ``L`` small enough to stay in cache, d <= ~400, can beat that floor).
 
 The paper's Table I (MATLAB, 2016 hardware) is printed beside: 0.026 ms (d=21), 0.023 ms
-(d=64), 1.7 ms (d=310). Results: ``benchmarks/results/core_timing.{md,json}``.
+(d=64), 1.7 ms (d=310). Results: ``benchmarks/results/core_timing[_quick].{md,json}``
+(:func:`measure` returns the figures, :func:`report` renders them).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -102,17 +104,15 @@ def copy_bandwidth() -> float:
     return 2 * src.nbytes / best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
-    args = parser.parse_args()
-    load_start = os.getloadavg()
+def measure(quick: bool) -> dict[str, Any]:
+    """Every figure of a run (what ``core_timing.json`` keeps and the report renders)."""
+    load_start = [round(v, 2) for v in os.getloadavg()]
     bandwidth = copy_bandwidth()
     rows = []
     for d in DIMS:
         n = {21: 20000, 64: 20000, 128: 10000, 310: 4000, 512: 1500, 1024: 500}[d]
         n_naive = {21: 5000, 64: 2000, 128: 500, 310: 100, 512: 30, 1024: 12}[d]
-        if args.quick:
+        if quick:
             n, n_naive = max(n // 10, 50), max(n_naive // 4, 6)
         X, y = stream(n, d)
         many, learner = time_learn_many(X, y)
@@ -141,28 +141,40 @@ def main() -> None:
     # 128 <= d <= 512: L (<= 2 MiB) stays in cache, the step is arithmetic-bound: slope ~2.
     ds = np.array([r["d"] for r in rows if 128 <= r["d"] <= 512], dtype=float)
     ts = np.array([r["learn_many_ms"] for r in rows if 128 <= r["d"] <= 512])
-    slope = float(np.polyfit(np.log(ds), np.log(ts), 1)[0])
     ds_n = np.array([r["d"] for r in rows if r["d"] >= 128], dtype=float)
     tn = np.array([r["naive_ms"] for r in rows if r["d"] >= 128])
-    slope_naive = float(np.polyfit(np.log(ds_n), np.log(tn), 1)[0])
-    info = machine_info()
+    return {
+        "command": command_line("benchmarks.core_timing"),
+        "quick": quick,
+        "machine": machine_info(),
+        "load_start": load_start,
+        "load_end": [round(v, 2) for v in os.getloadavg()],
+        "copy_bandwidth_bytes_per_s": bandwidth,
+        "rows": rows,
+        "slope_ours": float(np.polyfit(np.log(ds), np.log(ts), 1)[0]),
+        "slope_naive": float(np.polyfit(np.log(ds_n), np.log(tn), 1)[0]),
+    }
+
+
+def report(data: dict[str, Any]) -> str:
+    """``core_timing.md`` of a run (``data`` as measured, or as saved in the JSON)."""
     lines = [
         "# Core update: time per sample, ours vs naive inverse vs the paper",
         "",
-        f"Command: `{command_line('benchmarks.core_timing')}`" + (" (quick)" if args.quick else ""),
+        f"Command: `{data['command']}`" + (" (quick)" if data["quick"] else ""),
         "",
-        machine_block(info),
+        machine_block(data["machine"]),
         "",
-        f"Copy bandwidth: {bandwidth / 1e9:.1f} GB/s (read + write). Every step is an active "
-        "triplet update (worst case). Load average (1, 5, 15 min) at start "
-        f"{[round(v, 2) for v in load_start]}, at end {[round(v, 2) for v in os.getloadavg()]} "
+        f"Copy bandwidth: {data['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s (read + write). "
+        "Every step is an active triplet update (worst case). Load average (1, 5, 15 min) at "
+        f"start {data['load_start']}, at end {data['load_end']} "
         "(a shared 2-core machine: more than ~1 means other work competed for the cores).",
         "",
         "| d | learn_many (ms) | learn_one (ms) | naive O(d^3) (ms) | naive / ours | "
         "bandwidth floor (ms) | ours / floor | paper Table I (ms) | max abs diff vs naive |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in data["rows"]:
         paper = f"{r['paper_ms']}" if r["paper_ms"] is not None else ""
         lines.append(
             f"| {r['d']} | {r['learn_many_ms']:.4f} | {r['learn_one_ms']:.4f} | "
@@ -171,30 +183,27 @@ def main() -> None:
         )
     lines += [
         "",
-        f"Log-log slope of our time vs d for 128 <= d <= 512: {slope:.2f} (O(d^2) predicts 2; "
-        "there L, at most 2 MiB, stays in cache). At d = 1024 L (8 MiB) no longer fits and "
-        "the step runs at the memory-bandwidth floor (column 'ours / floor'); below d ~ 100 "
-        "a fixed per-sample cost dominates. Naive, d >= 128: "
-        f"{slope_naive:.2f} (O(d^3) predicts 3; LAPACK's inverse is far from its asymptote "
-        "at these sizes).",
+        f"Log-log slope of our time vs d for 128 <= d <= 512: {data['slope_ours']:.2f} (O(d^2) "
+        "predicts 2; there L, at most 2 MiB, stays in cache). At d = 1024 L (8 MiB) no longer "
+        "fits and the step runs at the memory-bandwidth floor (column 'ours / floor'); below "
+        "d ~ 100 a fixed per-sample cost dominates. Naive, d >= 128: "
+        f"{data['slope_naive']:.2f} (O(d^3) predicts 3; LAPACK's inverse is far from its "
+        "asymptote at these sizes).",
     ]
-    text = "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
+    args = parser.parse_args()
+    data = measure(args.quick)
+    text = report(data)
     print(text)
     suffix = "_quick" if args.quick else ""
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / f"core_timing{suffix}.md").write_text(text)
-    (RESULTS_DIR / f"core_timing{suffix}.json").write_text(
-        json.dumps(
-            {
-                "machine": info,
-                "copy_bandwidth_bytes_per_s": bandwidth,
-                "rows": rows,
-                "slope_ours": slope,
-                "slope_naive": slope_naive,
-            },
-            indent=2,
-        )
-    )
+    (RESULTS_DIR / f"core_timing{suffix}.json").write_text(json.dumps(data, indent=2))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 
     .venv/bin/python -m benchmarks.query_overhead --baseline /path/to/old/checkout [--quick]
 
-Starts ``python -m service`` from this checkout ("after") and, with ``--baseline``, from another
+Starts ``python -m service`` (:class:`service.launcher.ServiceProcess`, whose ``root`` runs
+another checkout's code) from this checkout ("after") and, with ``--baseline``, from another
 checkout of the repository ("before", e.g. ``git worktree add /tmp/base <commit>``), each on
 its own embedded Redis in a temporary dir, both running at once, and measures them in
 alternation (``--rounds`` rounds; figures are the median over rounds), from this process:
@@ -20,13 +21,15 @@ alternation (``--rounds`` rounds; figures are the median over rounds), from this
   ("before" has no binary gallery: n/a.)
 
 The machine is shared and noisy: compare the ratios. Nothing is asserted. Writes
-``benchmarks/results/query_overhead{,_quick}.{md,json}``.
+``benchmarks/results/query_overhead{,_quick}.{md,json}`` (:func:`measure` returns the rounds'
+figures, :func:`report` renders them; ``--report-only`` re-renders a saved JSON).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import io
 import itertools
 import json
@@ -35,27 +38,19 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    command_line,
-    machine_block,
-    machine_info,
-    start_service,
-    stop_process,
-)
+from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info, thread_cpu
 from benchmarks.loadgen import JSON_HEADERS, RawPool, summary
 from benchmarks.loadgen import open_loop as loadgen_open_loop
-from service.storage.embedded import free_port
+from service.launcher import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 D, GALLERY_D, GALLERY_N = 64, 128, 10_000
 MODEL = {"normalize": "l2"}  # as benchmarks.service_load: the contract's defaults, l2
 
@@ -65,44 +60,18 @@ MODEL = {"normalize": "l2"}  # as benchmarks.service_load: the contract's defaul
 
 @dataclass
 class Service:
-    """``python -m service`` from ``root`` (its own code), embedded Redis in ``tmp``."""
+    """One side of the comparison: a label and ``python -m service`` from a checkout."""
 
     label: str
-    root: Path
-    tmp: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
+    process: ServiceProcess
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Service:
-        env = {
-            **os.environ,
-            "OPML_PORT": str(self.port),
-            "OPML_DATA_DIR": str(self.tmp / "data"),
-            "OPML_LOG_LEVEL": "warning",
-            "PYTHONPATH": str(self.root),
-        }
-        env.pop("OPML_REDIS_URL", None)
-        self.proc = start_service(env, self.root, self.tmp / "service.log", timeout=90)
-        return self
-
-    def stop(self) -> None:
-        stop_process(self.proc)
+        return self.process.url
 
     def cpu(self) -> float:
         """CPU seconds (user + system) of every thread of the service process."""
-        assert self.proc is not None
-        total = 0
-        for task in Path(f"/proc/{self.proc.pid}/task").iterdir():
-            try:
-                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            total += int(fields[11]) + int(fields[12])
-        return total / CLK_TCK
+        return sum(thread_cpu(self.process.pid))
 
 
 def prepare(service: Service) -> None:
@@ -212,7 +181,8 @@ class Plan:
     npz_queries: int
 
 
-async def measure(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
+async def measure_round(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
+    """One round on one service: every row of :data:`ROWS`."""
     out: dict[str, Any] = {}
     pairs = pair_bodies(D)
     out["livez"] = await open_loop(service, "GET", "/livez", [b""], plan.rate, plan.seconds)
@@ -347,8 +317,7 @@ def report(data: dict[str, Any], quick: bool) -> str:
 
 def core_timing() -> dict[str, Any]:
     """The core's one-to-many time: the previous formula beside the current method."""
-    from service.core import Learner, LearnerConfig
-    from service.core.learner import normalize_rows
+    from service.core import Learner, LearnerConfig, normalize_rows
 
     rng = np.random.default_rng(3)
     L = np.eye(GALLERY_D) + 0.05 * rng.normal(size=(GALLERY_D, GALLERY_D))
@@ -378,6 +347,37 @@ def core_timing() -> dict[str, Any]:
     }
 
 
+def measure(plan: Plan, roots: dict[str, Path]) -> dict[str, list[dict[str, Any]]]:
+    """Start one service per checkout in ``roots`` (label -> checkout), all at once, and
+    measure them in alternation, ``plan.rounds`` rounds: label -> the rounds' figures."""
+    with tempfile.TemporaryDirectory(prefix="query-overhead-") as tmp_name, \
+            contextlib.ExitStack() as stack:  # fmt: skip
+        tmp = Path(tmp_name)
+        services = []
+        for label, root in roots.items():
+            process = ServiceProcess(tmp / label, None, root=root)
+            stack.enter_context(process.start(timeout=90))
+            services.append(Service(label, process))
+            prepare(services[-1])
+            print(f"{label}: {root} on {process.url}", flush=True)
+        runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in services}
+        for k in range(plan.rounds):
+            for service in services:
+                result = asyncio.run(measure_round(service, plan, tmp))
+                runs[service.label].append(result)
+                print(
+                    f"round {k + 1} {service.label}: "
+                    + ", ".join(
+                        f"{key} {result[key].get('cpu_us_per_request', float('nan')):.0f} us "
+                        f"p99 {result[key].get('p99_ms', float('nan')):.2f} ms"
+                        for key, _ in ROWS
+                        if key in result
+                    ),
+                    flush=True,
+                )
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--baseline", type=Path, help="a checkout of the code to compare with")
@@ -386,7 +386,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--ingest-rate", type=float, default=5000.0)
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="re-render the .md from the saved .json (no measurement)",
+    )  # fmt: skip
     args = parser.parse_args()
+    suffix = "_quick" if args.quick else ""
+    if args.report_only:
+        data = json.loads((RESULTS_DIR / f"query_overhead{suffix}.json").read_text())
+        (RESULTS_DIR / f"query_overhead{suffix}.md").write_text(report(data, args.quick))
+        return
     plan = Plan(
         rounds=1 if args.quick else args.rounds,
         seconds=3.0 if args.quick else 6.0,
@@ -396,36 +405,10 @@ def main() -> None:
         npz_queries=10 if args.quick else 30,
     )
     started, load_start = time.time(), [round(v, 2) for v in os.getloadavg()]
-    with tempfile.TemporaryDirectory(prefix="query-overhead-") as tmp_name:
-        tmp = Path(tmp_name)
-        roots = {"after": ROOT}
-        if args.baseline is not None:
-            roots = {"before": args.baseline.resolve(), **roots}
-        services = {}
-        try:
-            for label, root in roots.items():
-                (tmp / label).mkdir()
-                services[label] = Service(label, root, tmp / label).start()
-                prepare(services[label])
-                print(f"{label}: {root} on {services[label].url}", flush=True)
-            runs: dict[str, list[dict[str, Any]]] = {label: [] for label in services}
-            for k in range(plan.rounds):
-                for label, service in services.items():
-                    result = asyncio.run(measure(service, plan, tmp))
-                    runs[label].append(result)
-                    print(
-                        f"round {k + 1} {label}: "
-                        + ", ".join(
-                            f"{key} {result[key].get('cpu_us_per_request', float('nan')):.0f} us "
-                            f"p99 {result[key].get('p99_ms', float('nan')):.2f} ms"
-                            for key, _ in ROWS
-                            if key in result
-                        ),
-                        flush=True,
-                    )
-        finally:
-            for service in services.values():
-                service.stop()
+    roots = {"after": ROOT}
+    if args.baseline is not None:
+        roots = {"before": args.baseline.resolve(), **roots}
+    runs = measure(plan, roots)
     data: dict[str, Any] = {
         "command": command_line("benchmarks.query_overhead"),
         "baseline": args.baseline_label or (str(args.baseline) if args.baseline else None),
@@ -440,7 +423,6 @@ def main() -> None:
     }
     text = report(data, args.quick)
     print(text)
-    suffix = "_quick" if args.quick else ""
     RESULTS_DIR.mkdir(exist_ok=True)
     (RESULTS_DIR / f"query_overhead{suffix}.md").write_text(text)
     (RESULTS_DIR / f"query_overhead{suffix}.json").write_text(json.dumps(data, indent=1))

@@ -29,6 +29,7 @@ python3 dev.py bench
 # The performance benchmarks (issue 7).
 run benchmarks.core_timing $QUICK       # results/core_timing[_quick].{md,json}
 run benchmarks.service_load $QUICK      # results/service_load[_quick].{md,json,png}, profile
+run benchmarks.replicas $QUICK          # results/replicas[_quick].{md,json}: Redis Cluster, WAIT
 if [[ -n $QUICK ]]; then
     echo "quick run: paper tables and soak skipped (no quick mode)"
     exit 0

@@ -2,11 +2,12 @@
 
     python3 dev.py bench && .venv/bin/python -m benchmarks.service_load [--quick] [--no-profile]
 
-Starts ``python -m service`` as a subprocess (its own embedded redis-server, AOF with
-``appendfsync always``: an ack means the samples are on disk) in a temporary data dir on a free
-port, and drives it with ``benchmarks/loadgen.py``, each measurement a separate process (see its
-docstring for the methods). Nothing is asserted; the figures are printed and saved with the
-machine they ran on and the 1-minute load average at start and end (the machine is shared).
+Starts ``python -m service`` as a subprocess (:class:`service.launcher.ServiceProcess`; its own
+embedded redis-server, AOF with ``appendfsync always``: an ack means the samples are on disk) in
+a temporary data dir on a free port, and drives it with ``benchmarks/loadgen.py``, each
+measurement a separate process (see its docstring for the methods). Nothing is asserted; the
+figures are printed and saved with the machine they ran on and the 1-minute load average at
+start and end (the machine is shared).
 
 Measured, in one run (about 4.5 minutes; ``--quick``: about 2 minutes, shorter and fewer points):
 
@@ -33,12 +34,15 @@ Measured, in one run (about 4.5 minutes; ``--quick``: about 2 minutes, shorter a
   fsync latency of the data dir's disk.
 
 Writes ``benchmarks/results/service_load{,_quick}.{md,json,png}`` (and ``service_profile.svg``,
-the py-spy flame graph, plus its collapsed stacks ``service_profile.txt``).
+the py-spy flame graph, plus its collapsed stacks ``service_profile.txt``). :func:`measure`
+returns the figures; :func:`report` (one function per section) and :func:`plot` render them, so
+``--report-only`` re-renders a saved JSON without measuring.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -48,7 +52,8 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -58,18 +63,17 @@ import numpy as np
 from benchmarks.common import (
     RESULTS_DIR,
     command_line,
+    cpu_seconds,
     machine_block,
     machine_info,
-    start_service,
-    stop_process,
+    thread_cpu,
 )
 from benchmarks.loadgen import pool_size, stream
 from service.core import Learner, LearnerConfig
-from service.models.runtime import samples_per_batch
-from service.storage.embedded import free_port
+from service.engine.admission import samples_per_batch
+from service.launcher import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 TARGETS = {
     "ws64_throughput": 20_000.0,  # samples/s
@@ -87,61 +91,18 @@ ENCODINGS = ("json", "binary")
 # -- the service under test ----------------------------------------------------------------
 
 
-@dataclass
-class Service:
-    """``python -m service`` on the embedded default, in a temporary data dir."""
-
-    tmp: Path
-    appendfsync: str = "always"
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def data_dir(self) -> Path:
-        return self.tmp / "data"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def redis_pid(self) -> int | None:
+@contextlib.contextmanager
+def embedded_service(workdir: Path, appendfsync: str) -> Iterator[ServiceProcess]:
+    """``python -m service`` on the embedded default (its own redis-server with
+    ``appendfsync``) in ``workdir``, stopped (bounded) when the block ends."""
+    with ServiceProcess(workdir, None, OPML_REDIS_APPENDFSYNC=appendfsync) as service:
         try:
-            return int(json.loads((self.data_dir / "redis.json").read_text())["pid"])
-        except (OSError, ValueError, KeyError):
-            return None
-
-    def redis_port(self) -> int | None:
-        try:
-            return int(json.loads((self.data_dir / "redis.json").read_text())["port"])
-        except (OSError, ValueError, KeyError):
-            return None
-
-    def start(self) -> Service:
-        env = {
-            **os.environ,
-            "OPML_PORT": str(self.port),
-            "OPML_DATA_DIR": str(self.data_dir),
-            "OPML_LOG_LEVEL": "warning",
-            "OPML_REDIS_APPENDFSYNC": self.appendfsync,
-        }
-        env.pop("OPML_REDIS_URL", None)
-        self.tmp.mkdir(parents=True, exist_ok=True)
-        self.proc = start_service(env, ROOT, self.tmp / "service.log", timeout=60)
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is not None:
-            # it ended before we asked: whatever failed next needs its last words
-            print(f"service (appendfsync {self.appendfsync}) had exited with status "
-                  f"{self.proc.returncode}; end of its log:\n"
-                  + (self.tmp / "service.log").read_text()[-3000:],
-                  file=sys.stderr, flush=True)  # fmt: skip
-        stop_process(self.proc)
+            yield service
+        finally:
+            if not service.running:  # it ended before we asked: what failed next needs its log
+                print(f"service (appendfsync {appendfsync}) had exited with status "
+                      f"{service.returncode}; end of its log:\n{service.log_tail()}",
+                      file=sys.stderr, flush=True)  # fmt: skip
 
 
 def create_model(client: httpx.Client, name: str, dim: int) -> dict[str, Any]:
@@ -173,40 +134,20 @@ def learner_config(model: dict[str, Any]) -> LearnerConfig:
 # -- CPU accounting from /proc --------------------------------------------------------------
 
 
-def _stat_cpu(path: Path) -> float:
-    fields = path.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-def thread_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds of (the main thread, every other thread) of ``pid``."""
-    main = other = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            cpu = _stat_cpu(task / "stat")
-        except (OSError, IndexError):
-            continue
-        if int(task.name) == pid:
-            main = cpu
-        else:
-            other += cpu
-    return main, other
-
-
 class CpuSampler:
     """Samples CPU seconds of the service threads and redis-server every 0.1 s (a thread)."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: ServiceProcess) -> None:
         self.service = service
         self.rows: list[tuple[float, float, float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        rpid = self.service.redis_pid()
+        redis = self.service.embedded_redis()
         try:
             main, other = thread_cpu(self.service.pid)
-            redis_cpu = _stat_cpu(Path(f"/proc/{rpid}/stat")) if rpid else 0.0
+            redis_cpu = cpu_seconds(Path(f"/proc/{redis[0]}/stat")) if redis else 0.0
         except OSError:
             return
         self.rows.append((time.time(), main, other, redis_cpu))
@@ -240,7 +181,7 @@ class CpuSampler:
 # -- running the load generator ---------------------------------------------------------------
 
 
-def loadgen(service: Service, kind: str, *args: str | int | float) -> dict[str, Any]:
+def loadgen(service: ServiceProcess, kind: str, *args: str | int | float) -> dict[str, Any]:
     """Run one ``benchmarks.loadgen`` measurement as a separate process; its JSON result."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
@@ -252,7 +193,7 @@ def loadgen(service: Service, kind: str, *args: str | int | float) -> dict[str, 
     return result
 
 
-def spawn_loadgen(service: Service, kind: str, out: Path, *args: str | int | float) -> Any:
+def spawn_loadgen(service: ServiceProcess, kind: str, out: Path, *args: str | int | float) -> Any:
     cmd = [sys.executable, "-m", "benchmarks.loadgen", kind, "--url", service.url,
            "--out", str(out), *(str(a) for a in args)]  # fmt: skip
     return subprocess.Popen(cmd, cwd=ROOT)
@@ -324,7 +265,7 @@ class Plan:
 
 
 def measure_ws(
-    service: Service, client: httpx.Client, cpu: CpuSampler, plan: Plan
+    service: ServiceProcess, client: httpx.Client, cpu: CpuSampler, plan: Plan
 ) -> list[dict[str, Any]]:
     rows = []
     # the two encodings of one (d, frame) back to back, so a change of the machine's load
@@ -357,7 +298,7 @@ def measure_ws(
 
 
 def measure_rest(
-    service: Service, client: httpx.Client, cpu: CpuSampler, plan: Plan
+    service: ServiceProcess, client: httpx.Client, cpu: CpuSampler, plan: Plan
 ) -> dict[str, Any]:
     create_model(client, "rest64", 64)
     out: dict[str, Any] = {}
@@ -393,8 +334,7 @@ def measure_everysec(tmp: Path, plan: Plan) -> dict[str, Any]:
     """REST single-sample latency at 500 req/s on a second service whose embedded Redis runs
     ``appendfsync everysec`` (same measurement as ``measure_rest``'s, on the same disk), and the
     disk's fsync latency measured just before it."""
-    service = Service(tmp / "everysec", appendfsync="everysec").start()
-    try:
+    with embedded_service(tmp / "everysec", "everysec") as service:
         out: dict[str, Any] = {"fsync": fsync_latency(service.data_dir)}
         with httpx.Client(base_url=service.url, timeout=60) as client, \
                 CpuSampler(service) as cpu:  # fmt: skip
@@ -407,8 +347,6 @@ def measure_everysec(tmp: Path, plan: Plan) -> dict[str, Any]:
             wait_applied(client, "rest64", 30)
             delete_model(client, "rest64")
         out["one"] = r
-    finally:
-        service.stop()
     lat = out["one"]["latency"]
     print(f"REST one (appendfsync everysec): p50 {lat['p50_ms']:.2f} ms p99 "
           f"{lat['p99_ms']:.2f} ms; fsync p50 {out['fsync']['p50_ms']:.2f} ms",
@@ -417,7 +355,12 @@ def measure_everysec(tmp: Path, plan: Plan) -> dict[str, Any]:
 
 
 def measure_queries(
-    service: Service, client: httpx.Client, cpu: CpuSampler, plan: Plan, tmp: Path, rate: float
+    service: ServiceProcess,
+    client: httpx.Client,
+    cpu: CpuSampler,
+    plan: Plan,
+    tmp: Path,
+    rate: float,
 ) -> dict[str, Any]:
     """Open-loop queries, idle and while WS ingestion runs at ``rate`` samples/s (paced)."""
     create_model(client, "q64", 64)
@@ -482,7 +425,7 @@ def core_gallery(model: dict[str, Any], L: np.ndarray, seed: int = 0) -> dict[st
     }
 
 
-def measure_gallery(service: Service, client: httpx.Client, plan: Plan) -> dict[str, Any]:
+def measure_gallery(service: ServiceProcess, client: httpx.Client, plan: Plan) -> dict[str, Any]:
     model = create_model(client, "g128", 128)
     loadgen(service, "rest-batch", "--model", "g128", "--dim", 128, "--frame", 256,
             "--concurrency", 1, "--seconds", 1.0)  # fmt: skip
@@ -588,12 +531,12 @@ STAGES: list[tuple[str, tuple[str, ...]]] = [
     ("frame JSON parsing (json.loads)", ("_parse (service/api/routes/stream.py",
                                          "JSONDecoder")),
     ("pydantic validation (StreamFrame)", ("model_validate", "pydantic")),
-    ("numpy conversion + checks (inputs.samples)", ("samples (service/models/inputs.py",)),
-    ("sample fingerprint (sha256)", ("fingerprint (service/models/inputs.py",)),
-    ("vector -> bytes (encode_vector)", ("encode_vector", "ModelService._append.<locals>")),
+    ("numpy conversion + checks (parsing.samples)", ("samples (service/api/parsing.py",)),
+    ("sample fingerprint (sha256)", ("fingerprint (service/engine/runtime.py",)),
+    ("vector -> bytes (encode_vector)", ("encode_vector", "ModelRuntime._append.<locals>")),
     ("Lua append: redis-py call (pack, send, parse)", ("Store.append_groups",)),
     ("writer: XRANGE read + RESP parsing", ("Store.read_tail",)),
-    ("writer: decode entries, np.stack", ("decode_vector", "ModelRuntime._apply")),
+    ("writer: decode entries, np.stack", ("decode_vector", "Writer._apply")),
     ("snapshot publishing", ("_publish",)),
     ("checkpoints", ("_write_checkpoint",)),
     ("WS ack send (json + framing)", ("send_json", "WebSocket.send")),
@@ -630,20 +573,21 @@ def read_collapsed(path: Path) -> Counter[str]:
 
 
 def measure_profile(
-    service: Service, client: httpx.Client, cpu: CpuSampler, plan: Plan, tmp: Path
-) -> dict[str, Any]:
-    """py-spy on the service under WS ingestion (d = 64, 64-sample frames, one connection)."""
+    service: ServiceProcess, client: httpx.Client, cpu: CpuSampler, plan: Plan, tmp: Path
+) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """py-spy on the service under WS ingestion (d = 64, 64-sample frames, one connection):
+    the breakdown by stage, and py-spy's flame graph and collapsed stacks (by results name)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
-        return {"error": "py-spy not installed (.venv/bin/pip install py-spy)"}
+        return {"error": "py-spy not installed (.venv/bin/pip install py-spy)"}, {}
     name = "prof64"
     create_model(client, name, 64)
-    rport = service.redis_port()
+    embedded = service.embedded_redis()
     rclient = None
-    if rport:
+    if embedded:
         import redis
 
-        rclient = redis.Redis(port=rport)
+        rclient = redis.Redis(port=embedded[1])
         rclient.config_resetstat()
     seconds = plan.profile_seconds + 4.0
     result_path = tmp / "profile-ws.json"
@@ -651,7 +595,7 @@ def measure_profile(
                          "--seconds", seconds)  # fmt: skip
     time.sleep(2.0)
     suffix = "_quick" if plan.quick else ""
-    raw, svg = tmp / "profile.txt", RESULTS_DIR / f"service_profile{suffix}.svg"
+    raw, svg = tmp / "profile.txt", tmp / "profile.svg"
     rate = 100
     spies = [
         subprocess.Popen([spy, "record", "--pid", str(service.pid), "--rate", str(rate),
@@ -675,8 +619,10 @@ def measure_profile(
     ws = json.loads(result_path.read_text())
     delete_model(client, name)
     if not raw.exists():
-        return {"error": "py-spy could not attach: " + " | ".join(errors)[-500:]}
-    shutil.copy(raw, RESULTS_DIR / f"service_profile{suffix}.txt")
+        return {"error": "py-spy could not attach: " + " | ".join(errors)[-500:]}, {}
+    artifacts = {f"service_profile{suffix}.txt": raw.read_bytes()}
+    if svg.exists():
+        artifacts[f"service_profile{suffix}.svg"] = svg.read_bytes()
     samples = seq1 - seq0
     stages = read_collapsed(raw)
     used = cpu.between(t0, t1)
@@ -697,7 +643,7 @@ def measure_profile(
         "cpu_util": {k: v / (t1 - t0) for k, v in used.items()},
         "redis_commandstats": commandstats,
         "frames_per_s": samples / 64 / (t1 - t0),
-    }
+    }, artifacts
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -800,16 +746,9 @@ def fsync_modes_section(rest: dict[str, Any], everysec: dict[str, Any]) -> list[
     return lines
 
 
-def report(data: dict[str, Any], quick: bool) -> str:
-    ws = data["ws"]
-    encodings = [e for e in ENCODINGS if any(encoding_of(r) == e for r in ws)]
-    best = {d: best_ws(ws, d) for d in (64, 512)}
-    rest = data["rest"]
-    q = data["queries"]
-    gal = data["gallery"]
-    core = data["core"]
-    g_full = gal["runs"][0]
-    lines = [
+def header_section(data: dict[str, Any], quick: bool) -> list[str]:
+    """Title, command, machine, load and the disk's fsync latency."""
+    return [
         "# Service load: ingestion, queries, overhead (embedded Redis, appendfsync always)",
         "",
         "Generated by `benchmarks/service_load.py`; do not edit by hand. Command (repository "
@@ -827,12 +766,13 @@ def report(data: dict[str, Any], quick: bool) -> str:
         "The service, its redis-server and the load generator (a separate process) share the 2 "
         "cores. Model: the contract's defaults (`copml`, gamma 1e-3, margin 1) with "
         "`normalize: l2`; stream: unit-norm Gaussian vectors, 10 classes cycling.",
-        "",
-        "## Against the targets of issue 7",
-        "",
-        "| measurement | figure | target | verdict |",
-        "|---|---|---|---|",
     ]
+
+
+def ws_target_rows(ws: list[dict[str, Any]]) -> list[str]:
+    """Targets table: WebSocket throughput and learner lag, by frame encoding."""
+    encodings = [e for e in ENCODINGS if any(encoding_of(r) == e for r in ws)]
+    lines = []
     for enc in encodings:
         keeping_up = [
             r
@@ -865,6 +805,12 @@ def report(data: dict[str, Any], quick: bool) -> str:
                 f"{'p99 < 100 ms' if d == 64 else '-'} | "
                 f"{verdict(lag.get('p99_ms', float('nan')), 100.0, False) if d == 64 else '-'} |"
             )
+    return lines
+
+
+def http_target_rows(rest: dict[str, Any], q: dict[str, Any]) -> list[str]:
+    """Targets table: REST single sample (both fsync policies), batches, queries."""
+    lines = []
     for mode, r in (("always", rest["one"]), ("everysec", rest.get("everysec", {}).get("one"))):
         if r is None:
             continue
@@ -886,11 +832,17 @@ def report(data: dict[str, Any], quick: bool) -> str:
             f" p99 {_f(lat['p99_ms'], 2)} ms | p99 < 5 ms | {verdict(lat['p99_ms'], 5.0, False)}"
             " |"
         )
-    lines.append(
+    return lines
+
+
+def gallery_target_rows(gal: dict[str, Any]) -> list[str]:
+    """Targets table: one-to-many distance through the service and in the core."""
+    g_full = gal["runs"][0]
+    lines = [
         f"| one-to-many distance, 10,000 x 128 (service, JSON {g_full['body_bytes'] / 1e6:.0f} "
         f"MB body) | {_f(g_full['latency']['p50_ms'], 0)} ms per query | < 5 ms | "
         f"{verdict(g_full['latency']['p50_ms'], 5.0, False)} |"
-    )
+    ]
     npz = [r for r in gal["runs"] if r.get("encoding") == "npz"]
     if npz:
         g_npz = npz[0]
@@ -906,15 +858,42 @@ def report(data: dict[str, Any], quick: bool) -> str:
         f"{_f(gal['core']['core_pretransformed_ms'], 2)} ms | < 5 ms | "
         f"{verdict(gal['core']['core_squared_distances_ms'], 5.0, False)} |"
     )
+    return lines
+
+
+def overhead_rows(ws: list[dict[str, Any]], core: dict[str, Any]) -> list[str]:
+    """Targets table: best WebSocket throughput / core ``learn_many`` throughput."""
+    lines = []
     for d in (64, 512):
-        ratio = best[d]["throughput"] / core[str(d)]["samples_per_s"]
+        best = best_ws(ws, d)
+        ratio = best["throughput"] / core[str(d)]["samples_per_s"]
         lines.append(
-            f"| service overhead ratio, d = {d}: best WS throughput ({encoding_of(best[d])} "
-            f"frames of {best[d]['frame']}) / core `learn_many` "
+            f"| service overhead ratio, d = {d}: best WS throughput ({encoding_of(best)} "
+            f"frames of {best['frame']}) / core `learn_many` "
             f"({_f(core[str(d)]['samples_per_s'], 0)} samples/s, same stream) | {ratio:.3f} | "
             "- | - |"
         )
-    lines += [
+    return lines
+
+
+def targets_section(data: dict[str, Any]) -> list[str]:
+    """Every measurement against the targets of issue 7."""
+    return [
+        "",
+        "## Against the targets of issue 7",
+        "",
+        "| measurement | figure | target | verdict |",
+        "|---|---|---|---|",
+        *ws_target_rows(data["ws"]),
+        *http_target_rows(data["rest"], data["queries"]),
+        *gallery_target_rows(data["gallery"]),
+        *overhead_rows(data["ws"], data["core"]),
+    ]
+
+
+def ws_section(ws: list[dict[str, Any]]) -> list[str]:
+    """WebSocket ingestion, one row per (d, frame, encoding, connections)."""
+    lines = [
         "",
         "## WebSocket ingestion by frame size",
         "",
@@ -954,7 +933,12 @@ def report(data: dict[str, Any], quick: bool) -> str:
             f"{_f(c.get('redis'), 0)} / {_f(c.get('generator'), 0)} | "
             f"{_f(1e6 / c['service_loop'], 0) if c.get('service_loop') else '-'} |"
         )  # fmt: skip
-    lines += [
+    return lines
+
+
+def http_section(rest: dict[str, Any], q: dict[str, Any]) -> list[str]:
+    """Open-loop REST and query latencies, the background ingestion, REST batches."""
+    lines = [
         "",
         "## REST and queries (open loop: fixed timetable, latency from the scheduled time)",
         "",
@@ -1006,9 +990,12 @@ def report(data: dict[str, Any], quick: bool) -> str:
             f"{_f(c.get('service_workers'), 0)} / {_f(c.get('redis'), 0)} / "
             f"{_f(c.get('generator'), 0)} |"
         )
-    if everysec:
-        lines += fsync_modes_section(rest, everysec)
-    lines += [
+    return lines
+
+
+def gallery_section(gal: dict[str, Any]) -> list[str]:
+    """One-to-many distance: each service path beside the core's own times."""
+    lines = [
         "",
         "## One-to-many distance, 10,000 x 128",
         "",
@@ -1025,7 +1012,8 @@ def report(data: dict[str, Any], quick: bool) -> str:
             f"| service, {what}, p50 of {r['latency']['n']} | {_f(r['latency']['p50_ms'], 1)} |"
         )
     c = gal["core"]
-    lines += [
+    return [
+        *lines,
         f"| core `Learner.squared_distances(a, B)` (best of 15, as all core rows) | "
         f"{_f(c['core_squared_distances_ms'], 2)} |",
         f"| core, gallery kept transformed (`Z = B L^T` cached; `||L a - z_i||^2`) | "
@@ -1038,55 +1026,75 @@ def report(data: dict[str, Any], quick: bool) -> str:
         f"{_f(c['json_loads_ms'], 0)} |",
         f"| `json.loads` + `np.asarray` of the gallery | {_f(c['json_to_array_ms'], 0)} |",
     ]
-    prof = data.get("profile")
-    if prof and "breakdown" in prof:
-        lines += [
-            "",
-            "## Where the time goes (py-spy, WS ingestion d = 64, 64-sample frames)",
-            "",
-            f"{prof['samples_acked']:,} samples acknowledged in {prof['seconds']:.1f} s under "
-            f"the profiler ({_f(prof['throughput_under_profiler'], 0)} samples/s; "
-            f"{_f(prof['frames_per_s'], 0)} frames/s). CPU per acknowledged sample (/proc): "
-            + ", ".join(f"{k} {_f(v, 0)} us" for k, v in prof["cpu_us_per_sample"].items())
-            + "; utilisation (cores): "
-            + ", ".join(f"{k} {v:.2f}" for k, v in prof["cpu_util"].items())
-            + ". Service stages (py-spy at "
-            f"{prof['rate_hz']} Hz, all threads, idle excluded; us of thread time per "
-            "acknowledged sample):",
-            "",
-            "| stage | us / sample (py-spy) | scaled to /proc CPU | share |",
-            "|---|---|---|---|",
-        ]
-        busy = [b for b in prof["breakdown"] if not b["stage"].startswith("(idle")]
-        spy_total = sum(b["us_per_sample"] for b in busy)
-        cpu = prof["cpu_us_per_sample"]
-        proc_total = cpu.get("service_loop", 0.0) + cpu.get("service_workers", 0.0)
-        scale = proc_total / spy_total if spy_total else float("nan")
-        for b in busy:
+
+
+def profile_section(prof: dict[str, Any] | None) -> list[str]:
+    """The py-spy profile by stage (or why there is none)."""
+    if not prof:
+        return []
+    if "breakdown" not in prof:
+        return ["", f"Profile: {prof.get('error')}"]
+    lines = [
+        "",
+        "## Where the time goes (py-spy, WS ingestion d = 64, 64-sample frames)",
+        "",
+        f"{prof['samples_acked']:,} samples acknowledged in {prof['seconds']:.1f} s under "
+        f"the profiler ({_f(prof['throughput_under_profiler'], 0)} samples/s; "
+        f"{_f(prof['frames_per_s'], 0)} frames/s). CPU per acknowledged sample (/proc): "
+        + ", ".join(f"{k} {_f(v, 0)} us" for k, v in prof["cpu_us_per_sample"].items())
+        + "; utilisation (cores): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in prof["cpu_util"].items())
+        + ". Service stages (py-spy at "
+        f"{prof['rate_hz']} Hz, all threads, idle excluded; us of thread time per "
+        "acknowledged sample):",
+        "",
+        "| stage | us / sample (py-spy) | scaled to /proc CPU | share |",
+        "|---|---|---|---|",
+    ]
+    busy = [b for b in prof["breakdown"] if not b["stage"].startswith("(idle")]
+    spy_total = sum(b["us_per_sample"] for b in busy)
+    cpu = prof["cpu_us_per_sample"]
+    proc_total = cpu.get("service_loop", 0.0) + cpu.get("service_workers", 0.0)
+    scale = proc_total / spy_total if spy_total else float("nan")
+    for b in busy:
+        lines.append(
+            f"| {b['stage']} | {_f(b['us_per_sample'])} | {_f(b['us_per_sample'] * scale)} | "
+            f"{b['us_per_sample'] / spy_total:.1%} |"
+        )
+    lines += [
+        f"| **total** | {_f(spy_total)} | {_f(proc_total)} | 100% |",
+        "",
+        f"py-spy counts a thread that is runnable but waiting for a CPU as busy (the machine "
+        f"is shared), so its total exceeds the CPU the kernel accounted to the service "
+        f"threads; the third column scales the stages to the /proc figure (x{scale:.2f}).",
+    ]
+    stats = prof.get("redis_commandstats", {})
+    if stats:
+        lines += ["", "Redis `INFO commandstats` during the profile:", ""]
+        for k, v in stats.items():
             lines.append(
-                f"| {b['stage']} | {_f(b['us_per_sample'])} | {_f(b['us_per_sample'] * scale)} | "
-                f"{b['us_per_sample'] / spy_total:.1%} |"
+                f"- `{k[8:]}`: {v['calls']} calls, {v['usec_per_call']:.1f} us per call "
+                "(execution only; the AOF write + fsync happen after it, before the reply)"
             )
-        lines += [
-            f"| **total** | {_f(spy_total)} | {_f(proc_total)} | 100% |",
-            "",
-            f"py-spy counts a thread that is runnable but waiting for a CPU as busy (the machine "
-            f"is shared), so its total exceeds the CPU the kernel accounted to the service "
-            f"threads; the third column scales the stages to the /proc figure (x{scale:.2f}).",
-        ]
-        stats = prof.get("redis_commandstats", {})
-        if stats:
-            lines += ["", "Redis `INFO commandstats` during the profile:", ""]
-            for k, v in stats.items():
-                lines.append(
-                    f"- `{k[8:]}`: {v['calls']} calls, {v['usec_per_call']:.1f} us per call "
-                    "(execution only; the AOF write + fsync happen after it, before the reply)"
-                )
-        lines += ["", "Flame graph: `service_profile.svg`; collapsed stacks: "
-                  "`service_profile.txt`."]  # fmt: skip
-    elif prof:
-        lines += ["", f"Profile: {prof.get('error')}"]
-    lines += ["", "![service load](service_load" + ("_quick" if quick else "") + ".png)", ""]
+    return [*lines, "", "Flame graph: `service_profile.svg`; collapsed stacks: "
+            "`service_profile.txt`."]  # fmt: skip
+
+
+def report(data: dict[str, Any], quick: bool) -> str:
+    """The markdown of a run (``data`` as measured, or as saved in the JSON)."""
+    everysec = data["rest"].get("everysec")
+    lines = [
+        *header_section(data, quick),
+        *targets_section(data),
+        *ws_section(data["ws"]),
+        *http_section(data["rest"], data["queries"]),
+        *(fsync_modes_section(data["rest"], everysec) if everysec else []),
+        *gallery_section(data["gallery"]),
+        *profile_section(data.get("profile")),
+        "",
+        "![service load](service_load" + ("_quick" if quick else "") + ".png)",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -1171,30 +1179,9 @@ def plot(data: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a ~2 minute smoke run")
-    parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
-    parser.add_argument(
-        "--wait-load", type=float, default=0.0,
-        help="first wait (up to 5 min) until the 1-minute load average is below this",
-    )  # fmt: skip
-    parser.add_argument(
-        "--report-only", action="store_true",
-        help="re-render the .md and .png from the saved .json (no measurement)",
-    )  # fmt: skip
-    args = parser.parse_args()
-    suffix = "_quick" if args.quick else ""
-    if args.report_only:
-        data = json.loads((RESULTS_DIR / f"service_load{suffix}.json").read_text())
-        (RESULTS_DIR / f"service_load{suffix}.md").write_text(report(data, args.quick))
-        plot(data, RESULTS_DIR / f"service_load{suffix}.png")
-        return
-    if args.wait_load:
-        deadline = time.monotonic() + 300
-        while os.getloadavg()[0] >= args.wait_load and time.monotonic() < deadline:
-            time.sleep(5)
-    plan = Plan(quick=args.quick)
+def measure(plan: Plan, profile: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """Every measurement of a run: the figures (what the JSON keeps) and the profiler's files
+    (``service_profile*.svg``/``.txt``, by name)."""
     started = time.monotonic()
     phases: dict[str, float] = {}
 
@@ -1204,13 +1191,12 @@ def main() -> None:
         return now
 
     data: dict[str, Any] = {"load_start": [round(v, 2) for v in os.getloadavg()],
-                            "quick": args.quick}  # fmt: skip
-    RESULTS_DIR.mkdir(exist_ok=True)
+                            "quick": plan.quick}  # fmt: skip
+    artifacts: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory(prefix="opml-load-") as tmp_name:
         tmp = Path(tmp_name)
-        service = Service(tmp / "always", appendfsync="always").start()
-        t = phase("start", started)
-        try:
+        with embedded_service(tmp / "always", "always") as service:
+            t = phase("start", started)
             data["fsync"] = fsync_latency(service.data_dir)
             with httpx.Client(base_url=service.url, timeout=60) as client, \
                     CpuSampler(service) as cpu:  # fmt: skip
@@ -1225,18 +1211,16 @@ def main() -> None:
                 t = phase("queries", t)
                 data["gallery"] = measure_gallery(service, client, plan)
                 t = phase("gallery", t)
-                if not args.no_profile:
-                    data["profile"] = measure_profile(service, client, cpu, plan, tmp)
+                if profile:
+                    data["profile"], artifacts = measure_profile(service, client, cpu, plan, tmp)
                     t = phase("profile", t)
                 model = create_model(client, "core-config", 64)
                 delete_model(client, "core-config")
-        finally:
-            service.stop()
     data["core"] = {}
     for d in (64, 512):
         best = best_ws(data["ws"], d)
         n = 20_000 if d == 64 else 3_000
-        rate = core_throughput({**model, "dim": d}, best["frame"], n // (4 if args.quick else 1))
+        rate = core_throughput({**model, "dim": d}, best["frame"], n // (4 if plan.quick else 1))
         data["core"][str(d)] = {"samples_per_s": rate, "us_per_sample": 1e6 / rate,
                                 "frame_of_stream": best["frame"]}  # fmt: skip
         print(f"core learn_many d={d}: {rate:.0f} samples/s", flush=True)
@@ -1246,11 +1230,48 @@ def main() -> None:
     data["wall_s"] = time.monotonic() - started
     data["machine"] = machine_info()
     data["command"] = command_line("benchmarks.service_load")
-    text = report(data, args.quick)
-    print(text)
+    return data, artifacts
+
+
+def write_results(data: dict[str, Any], quick: bool, artifacts: dict[str, bytes]) -> str:
+    """``service_load{,_quick}.{md,json,png}`` and the profiler's files under
+    ``benchmarks/results/``; returns the markdown."""
+    suffix = "_quick" if quick else ""
+    RESULTS_DIR.mkdir(exist_ok=True)
+    text = report(data, quick)
     (RESULTS_DIR / f"service_load{suffix}.md").write_text(text)
     (RESULTS_DIR / f"service_load{suffix}.json").write_text(json.dumps(data, indent=1))
     plot(data, RESULTS_DIR / f"service_load{suffix}.png")
+    for name, content in artifacts.items():
+        (RESULTS_DIR / name).write_bytes(content)
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a ~2 minute smoke run")
+    parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
+    parser.add_argument(
+        "--wait-load", type=float, default=0.0,
+        help="first wait (up to 5 min) until the 1-minute load average is below this",
+    )  # fmt: skip
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="re-render the .md and .png from the saved .json (no measurement)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if args.report_only:
+        suffix = "_quick" if args.quick else ""
+        data = json.loads((RESULTS_DIR / f"service_load{suffix}.json").read_text())
+        (RESULTS_DIR / f"service_load{suffix}.md").write_text(report(data, args.quick))
+        plot(data, RESULTS_DIR / f"service_load{suffix}.png")
+        return
+    if args.wait_load:
+        deadline = time.monotonic() + 300
+        while os.getloadavg()[0] >= args.wait_load and time.monotonic() < deadline:
+            time.sleep(5)
+    data, artifacts = measure(Plan(quick=args.quick), profile=not args.no_profile)
+    print(write_results(data, args.quick, artifacts))
 
 
 if __name__ == "__main__":

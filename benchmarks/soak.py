@@ -1,9 +1,10 @@
 """Soak: stream at a fixed rate for N minutes; watch memory, the log and the lag.
 
-Starts ``python -m service`` on the embedded default (its own redis-server, AOF, ``appendfsync
-always``) in a temporary data dir, creates one model and POSTs batches at a fixed rate, each
-with its own ``Idempotency-Key`` (as a retrying client would; the service keeps those records
-for ``OPML_IDEMPOTENCY_TTL_S``, here 60 s, so their memory reaches its plateau after a minute).
+Starts ``python -m service`` (:class:`service.launcher.ServiceProcess`) on the embedded default
+(its own redis-server, AOF, ``appendfsync always``) in a temporary data dir, creates one model
+and POSTs batches at a fixed rate, each with its own ``Idempotency-Key`` (as a retrying client
+would; the service keeps those records for ``OPML_IDEMPOTENCY_TTL_S``, here 60 s, so their
+memory reaches its plateau after a minute).
 Every ``--every`` seconds it records the service's RSS (``/proc/<pid>/status``), Redis
 ``used_memory``, the log length (``XLEN``: trimmed behind each checkpoint), the idempotency
 records and the ingestion lag (``logged_seq - version``).
@@ -16,17 +17,15 @@ checkpoint). The log and the idempotency records must stay under their design bo
 
     .venv/bin/python -m benchmarks.soak --minutes 10
 
-Writes ``benchmarks/results/soak.{md,json,png}``. Not a test: it takes minutes.
+Writes ``benchmarks/results/soak.{md,json,png}`` (:func:`measure` returns the series,
+:func:`judge` the verdict, :func:`markdown` and :func:`plot` render; ``--report-only``
+re-renders a saved ``soak.json``). Not a test: it takes minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -38,9 +37,8 @@ import numpy as np
 import redis
 
 from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
-from service.storage.embedded import free_port
+from service.launcher import ServiceProcess
 
-ROOT = Path(__file__).resolve().parents[1]
 BAR = 0.05
 IDEMPOTENCY_TTL_S = 60
 #: The service's defaults: a checkpoint after 10000 samples, batches of 512 entries.
@@ -52,30 +50,6 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError("no VmRSS")
-
-
-def start_service(data_dir: Path, port: int, log_path: Path) -> subprocess.Popen[bytes]:
-    env = {
-        **os.environ,
-        "OPML_PORT": str(port),
-        "OPML_DATA_DIR": str(data_dir),
-        "OPML_LOG_LEVEL": "warning",
-        "OPML_IDEMPOTENCY_TTL_S": str(IDEMPOTENCY_TTL_S),
-    }
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=log, stderr=log
-        )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"service not ready; see {log_path}")
 
 
 def sender(
@@ -115,62 +89,58 @@ def growth(t: np.ndarray, v: np.ndarray, start: float, window: float, how: str) 
     return float(agg(last)) / base - 1 if base else 0.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--minutes", type=float, default=10)
-    parser.add_argument("--rate", type=float, default=400, help="samples per second")
-    parser.add_argument("--batch", type=int, default=20, help="samples per request")
-    parser.add_argument("--dim", type=int, default=32)
-    parser.add_argument("--classes", type=int, default=20)
-    parser.add_argument("--every", type=float, default=5, help="seconds between measurements")
-    parser.add_argument("--warmup", type=float, default=3, help="minutes not judged")
-    parser.add_argument("--window", type=float, default=3, help="minutes averaged at each end")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> tuple[list[dict[str, float]], dict[str, int]]:
+    """Run the soak: the series (one row every ``--every`` seconds) and the request counts."""
+    with (
+        tempfile.TemporaryDirectory(prefix="opml-soak-") as tmp,
+        ServiceProcess(Path(tmp), None, OPML_IDEMPOTENCY_TTL_S=str(IDEMPOTENCY_TTL_S)) as service,
+    ):
+        embedded = service.embedded_redis()
+        assert embedded is not None  # the soak runs on the embedded default
+        rdb = redis.Redis(port=embedded[1])
+        httpx.post(f"{service.url}/v1/models", json={"name": "soak", "dim": args.dim,
+                                                      "gamma": 0.01})  # fmt: skip
+        stop = threading.Event()
+        stats = {"accepted": 0, "failed": 0, "late": 0}
+        thread = threading.Thread(target=sender, args=(service.url, args, stop, stats), daemon=True)
+        rows: list[dict[str, float]] = []
+        began = time.monotonic()
+        thread.start()
+        try:
+            with service.client() as client:
+                while (elapsed := time.monotonic() - began) < args.minutes * 60:
+                    model = client.get("/v1/models/soak").json()
+                    rows.append(
+                        {
+                            "t_s": round(elapsed, 2),
+                            "rss_mb": rss_bytes(service.pid) / 2**20,
+                            "redis_used_mb": int(rdb.info("memory")["used_memory"]) / 2**20,
+                            "log_entries": int(rdb.xlen("opml:{soak}:log")),
+                            "idempotency_records": int(rdb.hlen("opml:{soak}:idem")),
+                            "logged_seq": model["logged_seq"],
+                            "lag": model["logged_seq"] - model["version"],
+                        }
+                    )
+                    print(json.dumps(rows[-1]), flush=True)
+                    time.sleep(args.every)
+        finally:
+            stop.set()
+            thread.join(30)
+            rdb.close()
+        service.stop(timeout=60)
+    return rows, stats
 
-    tmp = Path(tempfile.mkdtemp(prefix="opml-soak-"))
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = start_service(tmp / "data", port, tmp / "service.log")
-    redis_port = json.loads((tmp / "data" / "redis.json").read_text())["port"]
-    rdb = redis.Redis(port=redis_port)
-    httpx.post(f"{url}/v1/models", json={"name": "soak", "dim": args.dim, "gamma": 0.01})
 
-    stop = threading.Event()
-    stats = {"accepted": 0, "failed": 0, "late": 0}
-    thread = threading.Thread(target=sender, args=(url, args, stop, stats), daemon=True)
-    rows: list[dict[str, float]] = []
-    began = time.monotonic()
-    thread.start()
-    try:
-        with httpx.Client(base_url=url, timeout=30) as client:
-            while (elapsed := time.monotonic() - began) < args.minutes * 60:
-                model = client.get("/v1/models/soak").json()
-                rows.append(
-                    {
-                        "t_s": round(elapsed, 2),
-                        "rss_mb": rss_bytes(proc.pid) / 2**20,
-                        "redis_used_mb": int(rdb.info("memory")["used_memory"]) / 2**20,
-                        "log_entries": int(rdb.xlen("opml:{soak}:log")),
-                        "idempotency_records": int(rdb.hlen("opml:{soak}:idem")),
-                        "logged_seq": model["logged_seq"],
-                        "lag": model["logged_seq"] - model["version"],
-                    }
-                )
-                print(json.dumps(rows[-1]), flush=True)
-                time.sleep(args.every)
-    finally:
-        stop.set()
-        thread.join(30)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-
+def judge(
+    rows: list[dict[str, float]], args: argparse.Namespace
+) -> tuple[dict[str, float], dict[str, tuple[float, float]], bool]:
+    """Growth after warm-up of RSS and Redis memory, peaks against their design bounds, and
+    whether everything is within the bar."""
     t = np.array([r["t_s"] for r in rows])
     start, window = args.warmup * 60, args.window * 60
     judged = {
-        "rss_mb": growth(t, np.array([r["rss_mb"] for r in rows]), start, window, "mean"),
-        "redis_used_mb": growth(
-            t, np.array([r["redis_used_mb"] for r in rows]), start, window, "mean"
-        ),
+        key: growth(t, np.array([r[key] for r in rows]), start, window, "mean")
+        for key in ("rss_mb", "redis_used_mb")
     }
     after = [r for r in rows if r["t_s"] >= start]
     bounds = {
@@ -183,33 +153,57 @@ def main() -> None:
     passed = all(g <= BAR for g in judged.values()) and all(
         peak <= bound for peak, bound in bounds.values()
     )
-    info = machine_info()
-    result: dict[str, Any] = {
-        "command": command_line("benchmarks.soak"),
-        "machine": info,
-        "settings": vars(args),
-        "requests": stats,
-        "samples_sent": stats["accepted"] * args.batch,
-        "growth_after_warmup": judged,
-        "peak_and_bound_after_warmup": bounds,
-        "bar": BAR,
-        "passed": passed,
-        "series": rows,
-    }
-    RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / "soak.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result, rows, judged, bounds, passed)
-    plot(rows, start)
-    print(f"growth after warm-up: {judged}; peaks/bounds: {bounds}; passed={passed}")
+    return judged, bounds, passed
 
 
-def write_markdown(
-    result: dict[str, Any],
-    rows: list[dict[str, float]],
-    judged: dict[str, float],
-    bounds: dict[str, tuple[float, float]],
-    passed: bool,
-) -> None:
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--rate", type=float, default=400, help="samples per second")
+    parser.add_argument("--batch", type=int, default=20, help="samples per request")
+    parser.add_argument("--dim", type=int, default=32)
+    parser.add_argument("--classes", type=int, default=20)
+    parser.add_argument("--every", type=float, default=5, help="seconds between measurements")
+    parser.add_argument("--warmup", type=float, default=3, help="minutes not judged")
+    parser.add_argument("--window", type=float, default=3, help="minutes averaged at each end")
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="re-render soak.md and soak.png from the saved soak.json (no measurement)",
+    )  # fmt: skip
+    args = parser.parse_args()
+    if args.report_only:
+        result = json.loads((RESULTS_DIR / "soak.json").read_text())
+    else:
+        rows, stats = measure(args)
+        judged, bounds, passed = judge(rows, args)
+        result = {
+            "command": command_line("benchmarks.soak"),
+            "machine": machine_info(),
+            "settings": vars(args),
+            "requests": stats,
+            "samples_sent": stats["accepted"] * args.batch,
+            "growth_after_warmup": judged,
+            "peak_and_bound_after_warmup": bounds,
+            "bar": BAR,
+            "passed": passed,
+            "series": rows,
+        }
+        RESULTS_DIR.mkdir(exist_ok=True)
+        (RESULTS_DIR / "soak.json").write_text(json.dumps(result, indent=1))
+    (RESULTS_DIR / "soak.md").write_text(markdown(result))
+    plot(result["series"], result["settings"]["warmup"] * 60, RESULTS_DIR / "soak.png")
+    print(
+        f"growth after warm-up: {result['growth_after_warmup']}; peaks/bounds: "
+        f"{result['peak_and_bound_after_warmup']}; passed={result['passed']}"
+    )
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """``soak.md`` of a run (``result`` as measured, or as saved in ``soak.json``)."""
+    rows = result["series"]
+    judged = result["growth_after_warmup"]
+    bounds = result["peak_and_bound_after_warmup"]
+    passed = result["passed"]
     s = result["settings"]
     first, last = rows[0], rows[-1]
     lines = [
@@ -258,10 +252,10 @@ def write_markdown(
         "![soak](soak.png)",
         "",
     ]
-    (RESULTS_DIR / "soak.md").write_text("\n".join(lines))
+    return "\n".join(lines)
 
 
-def plot(rows: list[dict[str, float]], warmup_s: float) -> None:
+def plot(rows: list[dict[str, float]], warmup_s: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -284,7 +278,7 @@ def plot(rows: list[dict[str, float]], warmup_s: float) -> None:
     axes[-1].set_xlabel("minutes")
     fig.suptitle("opml-service soak (embedded Redis)")
     fig.tight_layout()
-    fig.savefig(RESULTS_DIR / "soak.png", dpi=110)
+    fig.savefig(path, dpi=110)
 
 
 if __name__ == "__main__":

@@ -54,26 +54,38 @@ def _floats(value: Any, name: str) -> Array:
         raise ValueError(f"{name}: not a numeric array ({exc})") from None
 
 
+def finite(value: Any, name: str, ndim: int, *, keep_float32: bool = False) -> Array:
+    """``value`` as a non-empty, finite ``ndim``-D float64 array (1: a vector, 2: a matrix);
+    ValueError naming ``name`` (and the first bad row) otherwise. ``keep_float32``: a float32
+    numpy array stays float32 (the ``.npz`` gallery: half the bytes, exact in float64).
+
+    >>> finite([[1, 2], [3, float("nan")]], "X", 2)
+    Traceback (most recent call last):
+    ValueError: X: row 1 contains NaN or Inf
+    """
+    keep = keep_float32 and isinstance(value, np.ndarray) and value.dtype == np.float32
+    arr: Array = value if keep else _floats(value, name)
+    if arr.ndim != ndim or arr.size == 0:
+        kind = "vector" if ndim == 1 else "2-D matrix"
+        raise ValueError(f"{name}: expected a non-empty {kind}, got shape {arr.shape}")
+    ok = np.isfinite(arr)
+    if not ok.all():
+        if ndim == 1:
+            raise ValueError(f"{name}: contains NaN or Inf")
+        bad = int(np.flatnonzero(~ok.all(axis=1))[0])
+        raise ValueError(f"{name}: row {bad} contains NaN or Inf")
+    return arr
+
+
 def vector(value: Any, name: str) -> list[float]:
     """A finite 1-D vector (list, tuple or numpy array) as a JSON list."""
-    arr = _floats(value, name)
-    if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name}: expected a non-empty vector, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        raise ValueError(f"{name}: contains NaN or Inf")
-    out: list[float] = arr.tolist()
+    out: list[float] = finite(value, name, 1).tolist()
     return out
 
 
 def matrix(value: Any, name: str) -> list[list[float]]:
     """A finite 2-D matrix with at least one row as a JSON list of lists."""
-    arr = _floats(value, name)
-    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ValueError(f"{name}: expected a non-empty 2-D matrix, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        bad = int(np.flatnonzero(~np.isfinite(arr).all(axis=1))[0])
-        raise ValueError(f"{name}: row {bad} contains NaN or Inf")
-    out: list[list[float]] = arr.tolist()
+    out: list[list[float]] = finite(value, name, 2).tolist()
     return out
 
 
@@ -111,7 +123,12 @@ def labels(values: Any, n: int) -> list[Label]:
 def samples(X: Any, y: Any) -> list[dict[str, Any]]:
     """Rows of ``X`` with their labels as ``[{x, y}, ...]``."""
     rows = matrix(X, "X")
-    return [{"x": x, "y": lab} for x, lab in zip(rows, labels(y, len(rows)), strict=True)]
+    return sample_docs(rows, labels(y, len(rows)))
+
+
+def sample_docs(rows: list[list[float]], ys: list[Label]) -> list[dict[str, Any]]:
+    """``[{x, y}, ...]`` of rows already checked and their labels."""
+    return [{"x": x, "y": lab} for x, lab in zip(rows, ys, strict=True)]
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -222,26 +239,11 @@ def gallery_npz(a: Any, B: Any) -> bytes:
     >>> arrays["a"].dtype, arrays["b"].dtype, arrays["b"].shape
     (dtype('float64'), dtype('float32'), (2, 2))
     """
-    va = _float_array(a, "a")
-    vb = _float_array(B, "b")
-    if va.ndim != 1 or va.size == 0:
-        raise ValueError(f"a: expected a non-empty vector, got shape {va.shape}")
-    if vb.ndim != 2 or vb.shape[0] == 0 or vb.shape[1] == 0:
-        raise ValueError(f"b: expected a non-empty 2-D matrix, got shape {vb.shape}")
-    if not np.isfinite(va).all():
-        raise ValueError("a: contains NaN or Inf")
-    if not np.isfinite(vb).all():
-        bad = int(np.flatnonzero(~np.isfinite(vb).all(axis=1))[0])
-        raise ValueError(f"b: row {bad} contains NaN or Inf")
+    va = finite(a, "a", 1, keep_float32=True)
+    vb = finite(B, "b", 2, keep_float32=True)
     buf = io.BytesIO()
     np.savez(buf, a=va, b=vb)
     return buf.getvalue()
-
-
-def _float_array(value: Any, name: str) -> Any:
-    if isinstance(value, np.ndarray) and value.dtype in (np.float32, np.float64):
-        return value
-    return _floats(value, name)
 
 
 def _distances(response: httpx.Response) -> Distances:
@@ -337,11 +339,38 @@ def retry_after(headers: httpx.Headers) -> float | None:
 
 def problem(response: httpx.Response) -> APIError:
     """The exception for a 4xx/5xx answer."""
+    where = f"{response.request.method} {response.request.url.path}"
+    return refusal(response.status_code, response.content, where, retry_after(response.headers))
+
+
+def refusal(
+    status: int, body: bytes | bytearray, where: str, retry_after: float | None = None
+) -> APIError:
+    """The exception for status ``status`` with ``body``: its problem document, or, when the
+    body is none (a proxy's empty 403, an HTML error page), a message that names the status
+    and ``where`` it came from.
+
+    >>> str(refusal(403, b"", "WebSocket /v1/models/faces/stream"))
+    '403 Forbidden: WebSocket /v1/models/faces/stream answered 403 with an empty body'
+    """
     try:
-        body: Any = response.json()
+        doc = json.loads(body) if body else None
     except ValueError:
-        body = response.text
-    return from_problem(response.status_code, body, retry_after(response.headers))
+        doc = None
+    if isinstance(doc, dict) and ("detail" in doc or "title" in doc):
+        return from_problem(status, doc, retry_after)
+    text = body.decode(errors="replace").strip()
+    said = f": {text[:200]}" if text else " with an empty body"
+    return from_problem(status, {"detail": f"{where} answered {status}{said}"}, retry_after)
+
+
+def handshake_refusal(status: int, body: bytes | bytearray, url: str) -> Exception:
+    """What a refused WebSocket handshake raises: its :class:`APIError` (401, 403, 404, 422,
+    ...), or :class:`ConnectionError` for a 5xx (transient: the stream reconnects)."""
+    where = f"WebSocket {httpx.URL(url).path}"
+    if status >= 500:
+        return ConnectionError(f"{where}: handshake answered {status}")
+    return refusal(status, body, where)
 
 
 #: Failures where the request never reached the service: retrying cannot apply it twice.
@@ -349,7 +378,8 @@ NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
 
 def should_retry(call: Call[Any], failure: Exception) -> bool:
-    """Whether ``failure`` (a transport error or an :class:`APIError`) is worth a retry."""
+    """Whether ``failure`` (a transport error or an :class:`APIError`) is worth a retry (the
+    :class:`RetryPolicy` may still give up: :meth:`RetryPolicy.gives_up`)."""
     if isinstance(failure, APIError):
         return failure.status == 503  # a rejected request changed nothing
     if isinstance(failure, NOT_SENT):
@@ -357,16 +387,23 @@ def should_retry(call: Call[Any], failure: Exception) -> bool:
     return call.replay_safe and isinstance(failure, httpx.TransportError)
 
 
-def give_up(failure: Exception) -> Exception:
-    """What the caller sees once the retries are spent."""
+def give_up(failure: Exception, url: str) -> Exception:
+    """What the caller sees once the retries on ``url`` are spent (or none is worth it)."""
     if isinstance(failure, APIError):
         return failure
-    return ConnectionFailed(f"{type(failure).__name__}: {failure}")
+    if isinstance(failure, (*NOT_SENT, ConnectionRefusedError)):
+        return ConnectionFailed(f"cannot connect to {url}: {failure}")
+    return ConnectionFailed(f"connection to {url} failed: {type(failure).__name__}: {failure}")
 
 
-def ws_url(base_url: str, path: str, params: dict[str, Any] | None = None) -> str:
-    """``http(s)://host/...`` turned into the ``ws(s)://`` address of ``path``."""
-    url = httpx.URL(base_url.rstrip("/") + path, params=params or None)
+def ws_url(base_url: str, name: str, tail: str, params: dict[str, Any] | None = None) -> str:
+    """The ``ws(s)://`` address of model ``name``'s ``tail`` (``/stream``, ``/events``), the
+    name quoted as in every HTTP path (``x?y`` cannot turn into a query).
+
+    >>> ws_url("https://h:1/", "x?y", "/events", {"interval_ms": 50})
+    'wss://h:1/v1/models/x%3Fy/events?interval_ms=50'
+    """
+    url = httpx.URL(base_url.rstrip("/") + _model_path(name, tail), params=params or None)
     return str(url.copy_with(scheme="wss" if url.scheme == "https" else "ws"))
 
 
@@ -414,20 +451,8 @@ def json_frame(data: bytes) -> str:
     (size,) = _HEADER_LEN.unpack_from(data)
     head = json.loads(data[_HEADER_LEN.size : _HEADER_LEN.size + size])
     X = np.frombuffer(data[_HEADER_LEN.size + size :], dtype="<f8").reshape(len(head["y"]), -1)
-    doc = {"id": head["id"], "samples": [
-        {"x": x, "y": lab} for x, lab in zip(X.tolist(), head["y"], strict=True)
-    ]}  # fmt: skip
+    doc = {"id": head["id"], "samples": sample_docs(X.tolist(), head["y"])}
     return json.dumps(doc, separators=(",", ":"))
-
-
-def _finite_matrix(value: Any, name: str) -> Array:
-    arr = _floats(value, name)
-    if arr.ndim != 2 or arr.shape[0] == 0 or arr.shape[1] == 0:
-        raise ValueError(f"{name}: expected a non-empty 2-D matrix, got shape {arr.shape}")
-    if not np.isfinite(arr).all():
-        bad = int(np.flatnonzero(~np.isfinite(arr).all(axis=1))[0])
-        raise ValueError(f"{name}: row {bad} contains NaN or Inf")
-    return arr
 
 
 class Window:
@@ -444,6 +469,8 @@ class Window:
         retry: RetryPolicy,
         on_progress: Callable[[Progress], None] | None,
         binary: bool | None = None,
+        model: str = "",
+        url: str = "",
     ) -> None:
         if size < 1:
             raise ValueError(f"window: must be >= 1, got {size}")
@@ -458,6 +485,10 @@ class Window:
         #: Binary frames: True / False as asked, None: when the service says it reads them.
         self.binary = binary
         self._server_binary = False
+        #: The model streamed to and its dimension (None: unknown, the service checks alone).
+        self.model = model
+        self.dim: int | None = None
+        self.url = url
 
     def connected(self, frames_header: str | None) -> None:
         """Note what the service just connected to reads (its ``x-opml-frames`` header)."""
@@ -488,19 +519,20 @@ class Window:
             raise ValueError(f"frame_id: an int or a string, got {frame_id!r}")
         if frame_id in self.pending:
             raise ValueError(f"frame_id: {frame_id!r} is already in flight")
+        one = np.ndim(X) == 1
+        arr = finite(X, "x", 1)[None, :] if one else finite(X, "X", 2)
+        if self.dim is not None and arr.shape[1] != self.dim:
+            got = f"x: has {arr.shape[1]} values" if one else f"X: has {arr.shape[1]} columns"
+            raise ValueError(f"{got}, model {self.model} has dim {self.dim}")
+        ys = [label(y)] if one else labels(y, len(arr))
         if self.use_binary:
-            if np.ndim(X) == 1:
-                arr = _finite_matrix([X], "x")
-                return Frame(frame_id, binary_frame(frame_id, arr, [label(y)]), 1)
-            arr = _finite_matrix(X, "X")
-            return Frame(frame_id, binary_frame(frame_id, arr, labels(y, len(arr))), len(arr))
-        if np.ndim(X) == 1:
-            doc: dict[str, Any] = {"id": frame_id, "x": vector(X, "x"), "y": label(y)}
-            size = 1
+            return Frame(frame_id, binary_frame(frame_id, arr, ys), len(ys))
+        doc: dict[str, Any] = {"id": frame_id}
+        if one:  # the contract's single-sample frame
+            doc.update(x=arr[0].tolist(), y=ys[0])
         else:
-            doc = {"id": frame_id, "samples": samples(X, y)}
-            size = len(doc["samples"])
-        return Frame(frame_id, json.dumps(doc, separators=(",", ":")), size)
+            doc["samples"] = sample_docs(arr.tolist(), ys)
+        return Frame(frame_id, json.dumps(doc, separators=(",", ":")), len(ys))
 
     def add(self, frame: Frame) -> None:
         self.pending[frame.id] = frame
@@ -545,9 +577,9 @@ class Window:
 
     def next_delay(self, cause: BaseException, retry_after: float | None = None) -> float:
         """Seconds to wait before the next retry; :class:`ConnectionFailed` when none is left."""
-        if self._failures >= self.retry.attempts:
+        if self.retry.gives_up(self._failures, cause):
             raise ConnectionFailed(
-                f"stream: gave up after {self._failures} retries without an ack "
+                f"stream to {self.url}: gave up after {self._failures} retries without an ack "
                 f"({type(cause).__name__}: {cause})"
             ) from cause
         self._failures += 1

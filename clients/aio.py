@@ -1,7 +1,9 @@
-"""The asyncio client: :class:`AsyncOPMLClient` and :class:`AsyncStream`.
+"""The asyncio client: :class:`AsyncOPMLClient` (httpx) and its ingestion :class:`AsyncStream`
+(websockets).
 
-The same operations, answers, retries and window as :mod:`clients.sync` (all defined in
-:mod:`clients._wire`), awaited instead of blocking.
+Requests and answers are defined once in :mod:`clients._wire`; this module only waits.
+``clients/sync.py`` is generated from ``clients/aio.py`` by ``python scripts/unasync.py`` (CI
+runs it with ``--check``): edit ``clients/aio.py`` and regenerate, never ``clients/sync.py``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from clients import _wire
-from clients.errors import from_problem
+from clients.errors import Forbidden, from_problem
 from clients.estimator import estimator_for
 from clients.retry import RetryPolicy
 from clients.types import (
@@ -37,51 +39,75 @@ from clients.types import (
 if TYPE_CHECKING:
     from service.core import COPML, OPML
 
+#: Failures of a WebSocket that a reconnect may cure.
 WS_TRANSIENT = (ConnectionClosed, OSError, TimeoutError)
 
 
 async def _ws_enter(
-    scope: contextlib.AsyncExitStack, url: str, open_timeout: float
+    scope: contextlib.AsyncExitStack, url: str, timeout: float, headers: dict[str, str]
 ) -> ClientConnection:
-    """Open a WebSocket inside ``scope``; a refused 4xx handshake becomes its APIError."""
+    """Open a WebSocket inside ``scope``; a refused handshake raises its APIError (4xx) or a
+    ConnectionError (5xx, transient)."""
     try:
+        # Frames are float64 blocks and JSON sent over a LAN: deflate costs more than it saves.
         return await scope.enter_async_context(
-            connect(url, open_timeout=open_timeout, max_size=None, compression=None)
+            connect(
+                url,
+                additional_headers=headers,
+                open_timeout=timeout,
+                max_size=None,
+                compression=None,
+            )
         )
     except InvalidStatus as exc:
-        status = exc.response.status_code
-        if status >= 500:
-            raise ConnectionError(f"handshake answered {status}") from exc
-        raise from_problem(status, exc.response.body.decode(errors="replace")) from None
+        response = exc.response
+        raise _wire.handshake_refusal(response.status_code, response.body, url) from None
+
+
+async def _recv(ws: ClientConnection, timeout: float | None) -> str | bytes:
+    """The next message; TimeoutError when none comes within ``timeout`` seconds (0: only a
+    message already received; None: no limit)."""
+    # asyncio.timeout(0), unlike wait_for(..., 0) on Python 3.11, lets recv() return a message
+    # that is already there before the deadline fires.
+    async with asyncio.timeout(timeout):
+        return await ws.recv()
 
 
 class AsyncStream:
-    """:class:`clients.sync.Stream` for asyncio: a bounded window of unacknowledged frames,
-    reconnect with resend of unacked frames under the same ids, progress after every ack.
+    """Ingestion over ``WS /v1/models/{name}/stream`` with a bounded window of unacked frames.
 
-    Acks are read while the window is full and on :meth:`flush`, so ``on_progress`` runs at
-    those points.
+    Opening it reads the model once, so that :meth:`send` refuses rows of the wrong width before
+    sending (a ValueError naming ``X``; with an API key that may not read the model, the
+    service's own check is the only one). :meth:`send` waits while ``window`` frames wait for
+    their ack, and collects the acks already there after each frame, so ``on_progress`` (called
+    with the :class:`Progress` after every ack) follows the service. A dropped connection is
+    reopened (bounded by the client's :class:`RetryPolicy`) and every unacknowledged frame is
+    sent again with its id, which the service acknowledges without logging it twice. Leaving
+    the ``async with`` block waits for the last acks and closes the socket (on an exception it
+    closes at once).
 
     Example (against a running service)::
 
-        async with client.stream("faces") as stream:
-            await stream.send(X, y)
+        async with client.stream("faces", window=32) as stream:
+            for X_chunk, y_chunk in chunks:
+                await stream.send(X_chunk, y_chunk)
+        stream.progress.acked_samples
+        # -> 10000
     """
 
     def __init__(
         self,
-        url: str,
+        client: AsyncOPMLClient,
+        name: str,
         *,
         window: int,
-        retry: RetryPolicy,
         on_progress: Callable[[Progress], None] | None,
-        open_timeout: float,
         ack_timeout: float | None,
         binary: bool | None = None,
     ) -> None:
-        self._url = url
-        self._window = _wire.Window(window, retry, on_progress, binary)
-        self._open_timeout = open_timeout
+        self._client = client
+        self._url = _wire.ws_url(client.base_url, name, "/stream")
+        self._window = _wire.Window(window, client.retry, on_progress, binary, name, self._url)
         self._ack_timeout = ack_timeout
         self._ws: ClientConnection | None = None
         self._scope = contextlib.AsyncExitStack()
@@ -89,6 +115,12 @@ class AsyncStream:
     @property
     def progress(self) -> Progress:
         return self._window.progress
+
+    @property
+    def dim(self) -> int | None:
+        """The model's dimension, read when the stream opened (None: the API key may not read
+        the model, or the stream is not open yet)."""
+        return self._window.dim
 
     async def __aenter__(self) -> AsyncStream:
         await self.open()
@@ -106,7 +138,13 @@ class AsyncStream:
             await self._drop()
 
     async def open(self) -> None:
-        """Connect (retrying transient failures); ``async with`` calls it."""
+        """Read the model's dim, then connect (retrying transient failures); ``async with``
+        calls it. NotFound if the model does not exist."""
+        try:
+            model = await self._client.get_model(self._window.model)
+            self._window.dim = model.dim
+        except Forbidden:  # an ingest-only key may not read the model
+            self._window.dim = None
         while True:
             try:
                 await self._attach()
@@ -116,23 +154,29 @@ class AsyncStream:
 
     async def _attach(self) -> ClientConnection:
         self._scope = contextlib.AsyncExitStack()
-        self._ws = await _ws_enter(self._scope, self._url, self._open_timeout)
+        client = self._client
+        self._ws = await _ws_enter(self._scope, self._url, client.timeout, client.headers)
         self._window.connected(_wire.frames_header(self._ws))
         return self._ws
 
     async def send(self, X: Any, y: Any, *, frame_id: int | str | None = None) -> int | str:
-        """Send one frame (see :meth:`clients.sync.Stream.send`); returns its id."""
+        """Send the rows of ``X`` with labels ``y`` as one frame (or one sample: ``X`` 1-D and
+        ``y`` a label); its id is returned. Ids are generated unless given; a given id must be
+        unique on the model, as the service de-duplicates by it."""
         frame = self._window.frame(X, y, frame_id)
         while self._window.full:
-            await self._receive()
+            await self._receive(self._ack_timeout)
         self._window.add(frame)
         await self._transmit(self._window.payload(frame))
+        with contextlib.suppress(TimeoutError):  # collect acks already there, keep progress live
+            while self._window.pending:
+                await self._receive(0)
         return frame.id
 
     async def flush(self) -> None:
         """Wait until every frame sent so far is acknowledged."""
         while self._window.pending:
-            await self._receive()
+            await self._receive(self._ack_timeout)
 
     async def close(self) -> None:
         """:meth:`flush`, then close the connection."""
@@ -150,11 +194,17 @@ class AsyncStream:
         except WS_TRANSIENT as exc:
             await self._reconnect(exc)
 
-    async def _receive(self) -> None:
+    async def _receive(self, timeout: float | None) -> None:
+        """Read one message and act on it (TimeoutError if ``timeout == 0`` and none is there)."""
         assert self._ws is not None, "the stream is not open"
         try:
-            text = await asyncio.wait_for(self._ws.recv(), self._ack_timeout)
-        except WS_TRANSIENT as exc:
+            text = await _recv(self._ws, timeout)
+        except TimeoutError:
+            if timeout == 0:
+                raise
+            await self._reconnect(TimeoutError(f"no ack within {timeout} s"))
+            return
+        except (ConnectionClosed, OSError) as exc:
             await self._reconnect(exc)
             return
         again = self._window.receive(text)
@@ -166,9 +216,10 @@ class AsyncStream:
         """Reopen the connection and resend every unacknowledged frame, in order."""
         ws = self._ws
         assert ws is not None
-        with contextlib.suppress(*WS_TRANSIENT):  # messages that arrived before the drop
+        # Messages that arrived before the drop still count (an ack, or why we were closed).
+        with contextlib.suppress(*WS_TRANSIENT):
             while True:
-                self._window.receive(await asyncio.wait_for(ws.recv(), 0.01))
+                self._window.receive(await _recv(ws, 0))
         await self._drop()
         refused = _wire.close_problem(ws.close_code, ws.close_reason or "")
         if refused is not None:
@@ -188,17 +239,23 @@ class AsyncStream:
 
 
 class AsyncOPMLClient:
-    """asyncio client of the opml-service API: the methods of :class:`clients.OPMLClient`,
-    awaited.
+    """asyncio client of the opml-service HTTP/WebSocket API (``/v1``).
+
+    Vectors and matrices may be lists or numpy arrays; answers are typed objects (numpy for
+    vectors and matrices). Errors raise :class:`clients.errors.APIError` subclasses carrying the
+    problem+json members; 503s and dropped connections are retried per ``retry``. ``api_key``
+    is sent as ``Authorization: Bearer <key>`` on every request and WebSocket handshake;
+    ``headers`` go on both too.
 
     Example (against a running service)::
 
         from clients import AsyncOPMLClient
         async with AsyncOPMLClient("http://127.0.0.1:8000") as client:
             await client.create_model("faces", dim=3)
-            async with client.stream("faces") as stream:
-                await stream.send([[0, 0, 1], [0, 1, 0]], ["ann", "bob"])
-            L = await client.metric("faces")
+            await client.ingest("faces", [[0, 0, 1], [0, 1, 0]], ["ann", "bob"], wait=True)
+            d = await client.distance("faces", [0, 0, 1], [0, 1, 0])    # d.distance, d.version
+            L = await client.metric("faces")                       # numpy (d, d)
+            est = await client.to_sklearn("faces")                 # a fitted service.core COPML
     """
 
     def __init__(
@@ -208,11 +265,17 @@ class AsyncOPMLClient:
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         headers: dict[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, headers=headers)
+        self.headers = dict(headers or {})
+        if api_key is not None:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, headers=self.headers
+        )
 
     async def __aenter__(self) -> AsyncOPMLClient:
         return self
@@ -240,8 +303,8 @@ class AsyncOPMLClient:
                 failure: Exception = _wire.problem(response)
             except httpx.TransportError as exc:
                 failure = exc
-            if attempt >= self.retry.attempts or not _wire.should_retry(call, failure):
-                raise _wire.give_up(failure) from failure
+            if self.retry.gives_up(attempt, failure) or not _wire.should_retry(call, failure):
+                raise _wire.give_up(failure, self.base_url + call.path) from failure
             await asyncio.sleep(self.retry.delay(attempt, getattr(failure, "retry_after", None)))
             attempt += 1
 
@@ -260,7 +323,11 @@ class AsyncOPMLClient:
         seed: int | None = None,
         **options: Any,
     ) -> Model:
-        """See :meth:`clients.OPMLClient.create_model`."""
+        """Create a model (409 :class:`~clients.errors.Conflict` if the name exists).
+
+        Hyperparameters left ``None`` take the service's defaults; ``options`` passes members
+        the service accepts beyond the contract (e.g. ``calibration_window``).
+        """
         hyper = dict(
             algorithm=algorithm,
             gamma=gamma,
@@ -279,6 +346,7 @@ class AsyncOPMLClient:
         return await self._send(_wire.get_model(name))
 
     async def delete_model(self, name: str) -> None:
+        """Delete a model and all its state."""
         await self._send(_wire.delete_model(name))
 
     # -- ingestion -----------------------------------------------------------------------------
@@ -292,7 +360,12 @@ class AsyncOPMLClient:
         wait: bool = False,
         idempotency_key: str | None = None,
     ) -> Ingested:
-        """See :meth:`clients.OPMLClient.ingest`."""
+        """Append the rows of ``X`` with labels ``y`` (applied in order) in one request.
+
+        ``wait=True`` answers once they are applied, with per-sample ``results``. A retried
+        request carries the same ``Idempotency-Key`` (generated when not given), so a retry
+        never logs a sample twice.
+        """
         body = {"samples": _wire.samples(X, y)}
         return await self._send(_wire.ingest(body, name, wait, idempotency_key))
 
@@ -305,6 +378,7 @@ class AsyncOPMLClient:
         wait: bool = False,
         idempotency_key: str | None = None,
     ) -> Ingested:
+        """Append one sample (the ``{x, y}`` form of the request)."""
         body = {"x": _wire.vector(x, "x"), "y": _wire.label(y)}
         return await self._send(_wire.ingest(body, name, wait, idempotency_key))
 
@@ -317,26 +391,32 @@ class AsyncOPMLClient:
         ack_timeout: float | None = 60.0,
         binary: bool | None = None,
     ) -> AsyncStream:
-        """An :class:`AsyncStream` to ``name`` (use it with ``async with``)."""
+        """An :class:`AsyncStream` to ``name`` (use it with ``async with``).
+
+        ``ack_timeout``: seconds to wait for an ack before treating the connection as dead.
+        ``binary``: send binary frames (raw float64 block, no JSON number formatting): None
+        (default) when the service says it reads them (``x-opml-frames`` handshake header),
+        True always, False never (JSON frames).
+        """
         return AsyncStream(
-            _wire.ws_url(self.base_url, f"/v1/models/{name}/stream"),
+            self,
+            name,
             window=window,
-            retry=self.retry,
             on_progress=on_progress,
-            open_timeout=self.timeout,
             ack_timeout=ack_timeout,
             binary=binary,
         )
 
     async def events(self, name: str, *, interval_ms: int | None = None) -> AsyncIterator[Event]:
-        """See :meth:`clients.OPMLClient.events`."""
+        """Follow ``WS .../events``: yields an :class:`Event` per model change, reconnecting
+        after a drop (bounded by the retry policy); stop by breaking out of the loop."""
         params = {} if interval_ms is None else {"interval_ms": interval_ms}
-        url = _wire.ws_url(self.base_url, f"/v1/models/{name}/events", params)
+        url = _wire.ws_url(self.base_url, name, "/events", params)
         failures = 0
         while True:
             try:
                 async with contextlib.AsyncExitStack() as scope:
-                    ws = await _ws_enter(scope, url, self.timeout)
+                    ws = await _ws_enter(scope, url, self.timeout, self.headers)
                     async for text in ws:
                         doc = json.loads(text)
                         if "error" in doc:
@@ -344,8 +424,8 @@ class AsyncOPMLClient:
                         failures = 0
                         yield Event.from_json(doc)
             except WS_TRANSIENT as exc:
-                if failures >= self.retry.attempts:
-                    raise _wire.give_up(exc) from exc
+                if self.retry.gives_up(failures, exc):
+                    raise _wire.give_up(exc, url) from exc
             await asyncio.sleep(self.retry.delay(failures))
             failures += 1
 
@@ -354,6 +434,7 @@ class AsyncOPMLClient:
     async def distance(
         self, name: str, a: Any, b: Any, *, min_version: int | None = None
     ) -> Distance:
+        """Distance between vectors ``a`` and ``b`` under the live metric (Eqs. 1, 2)."""
         return await self._send(_wire.distance(name, a, b, min_version))
 
     async def distances(
@@ -365,7 +446,12 @@ class AsyncOPMLClient:
         min_version: int | None = None,
         binary: bool | None = None,
     ) -> Distances:
-        """One to many; ``binary`` as in :meth:`OPMLClient.distances` (.npz / .npy)."""
+        """Distances from ``a`` to every row of ``B`` (one to many).
+
+        ``binary``: send the gallery as an ``.npz`` body and read the answer as ``.npy`` bytes
+        (no JSON numbers either way; float32 arrays go as float32). None (default): when ``B``
+        is a 2-D numpy array of at least ``_wire.BINARY_GALLERY_VALUES`` values; False: JSON.
+        """
         return await self._send(_wire.distances(name, a, B, min_version, binary))
 
     async def verify(
@@ -377,23 +463,32 @@ class AsyncOPMLClient:
         threshold: float | None = None,
         min_version: int | None = None,
     ) -> Verdict:
+        """Same class? ``squared_distance <= threshold`` (the model's calibrated one if None;
+        ``threshold_source`` of the answer says which was used)."""
         return await self._send(_wire.verify(name, a, b, threshold, min_version))
 
     async def transform(self, name: str, X: Any, *, min_version: int | None = None) -> Transformed:
+        """``z = x L^T`` for every row of ``X``."""
         return await self._send(_wire.transform(name, X, min_version))
 
     async def metric(self, name: str, *, min_version: int | None = None) -> Array:
-        """``L`` as a numpy array (``.npy`` bytes, bit-exact)."""
+        """``L`` as a ``(d, d)`` numpy array (fetched as ``.npy`` bytes, bit-exact)."""
         return await self._send(_wire.metric(name, min_version))
 
     async def metric_snapshot(self, name: str, *, min_version: int | None = None) -> MetricSnapshot:
+        """``L`` together with the ``version`` it belongs to (the JSON form)."""
         return await self._send(_wire.metric_snapshot(name, min_version))
 
     async def put_metric(self, name: str, L: Any) -> Model:
+        """Replace ``L`` (warm start from a matrix learned elsewhere)."""
         return await self._send(_wire.put_metric(name, L))
 
     async def to_sklearn(self, name: str, *, min_version: int | None = None) -> OPML | COPML:
-        """See :meth:`clients.OPMLClient.to_sklearn`."""
+        """A fitted :class:`service.core.OPML` / :class:`~service.core.COPML` holding the live L.
+
+        For offline use (``transform``, ``pair_distance``, pipelines); see
+        :func:`clients.estimator.estimator_for`.
+        """
         model = await self.get_model(name)
         return estimator_for(model, await self.metric(name, min_version=min_version))
 
@@ -403,9 +498,11 @@ class AsyncOPMLClient:
         return await self._send(_wire.livez())
 
     async def readyz(self) -> dict[str, Any]:
+        """Readiness (503 :class:`~clients.errors.Unavailable` while not ready, after retries)."""
         return await self._send(_wire.readyz())
 
     async def prometheus_metrics(self) -> str:
+        """The ``/metrics`` Prometheus text."""
         return await self._send(_wire.prometheus())
 
     async def openapi(self) -> dict[str, Any]:

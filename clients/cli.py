@@ -9,9 +9,15 @@
     opml metric export faces --format npy|json [-o L.npy]
     opml events faces [--count 10]
 
-The service address comes from ``--url`` or ``$OPML_URL`` (default http://127.0.0.1:8000).
-Output is for people; ``--json`` prints JSON instead (one object per line for ``events``).
-A vector is ``1,2,3`` or ``[1,2,3]``; write ``--a=-1,2`` when it starts with a minus sign.
+The service address comes from ``--url`` or ``$OPML_URL`` (default http://127.0.0.1:8000);
+an API key from ``$OPML_API_KEY`` (no option: a command line ends up in shell history and in
+process lists). Output is for people; ``--json`` prints JSON instead (one object per line for
+``events``). A vector is ``1,2,3`` or ``[1,2,3]``; write ``--a=-1,2`` when it starts with a
+minus sign. A refused connection fails at once (nothing listens at the address); 503 answers
+and dropped connections are retried ``--retries`` times.
+
+``opml serve`` runs the service in this process: its options become the ``OPML_*`` settings
+(every other setting is read from the environment as usual).
 
 ``opml ingest`` streams frames of ``--batch`` rows over the WebSocket. Frame ids are derived
 from the content of the input and the rows each frame holds, so running the same command again
@@ -27,7 +33,11 @@ Exit codes:
     4  conflict (the model exists)
     5  invalid input (a 400/413/422 answer, a rejected frame, an unreadable data file)
     6  service unavailable (503 or no connection, after the retries)
+    7  not authorized (401: no or unknown API key, 403: the key lacks the scope)
     130 interrupted (Ctrl-C)
+
+Only what a command needs is imported when it runs (httpx, websockets and numpy are not
+loaded for ``--help`` or a usage error; the service only for ``serve``).
 """
 
 from __future__ import annotations
@@ -40,25 +50,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-import numpy as np
-
-from clients import datafile
 from clients.errors import (
     APIError,
     Conflict,
     ConnectionFailed,
+    Forbidden,
     NotFound,
     OPMLError,
+    Unauthorized,
     Unavailable,
 )
 from clients.retry import RetryPolicy
-from clients.sync import OPMLClient
-from clients.types import Model, Progress
+
+if TYPE_CHECKING:
+    from clients.sync import OPMLClient
+    from clients.types import Model, Progress
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT = 0, 1, 2, 3, 4
-EXIT_INVALID, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 5, 6, 130
+EXIT_INVALID, EXIT_UNAVAILABLE, EXIT_UNAUTHORIZED, EXIT_INTERRUPTED = 5, 6, 7, 130
 
 
 class UsageError(Exception):
@@ -95,17 +106,26 @@ def _model_detail(m: Model) -> str:
 # -- commands ------------------------------------------------------------------------------------
 
 
-def cmd_serve(args: argparse.Namespace, _: OPMLClient) -> int:
-    env = dict(os.environ)
-    for option, var in (
-        ("host", "OPML_HOST"),
-        ("port", "OPML_PORT"),
-        ("data_dir", "OPML_DATA_DIR"),
-        ("redis_url", "OPML_REDIS_URL"),
-    ):
-        if getattr(args, option) is not None:
-            env[var] = str(getattr(args, option))
-    os.execve(sys.executable, [sys.executable, "-m", "service"], env)
+#: ``opml serve`` options and the settings they stand for.
+SERVE_SETTINGS = {
+    "host": "OPML_HOST",
+    "port": "OPML_PORT",
+    "data_dir": "OPML_DATA_DIR",
+    "redis_url": "OPML_REDIS_URL",
+    "log_level": "OPML_LOG_LEVEL",
+}
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """Run the service in this process, the options given becoming its settings."""
+    for option, variable in SERVE_SETTINGS.items():
+        value = getattr(args, option)
+        if value is not None:
+            os.environ[variable] = str(value)
+    from service.__main__ import main as serve  # the whole service: only for this command
+
+    serve()
+    return EXIT_OK
 
 
 def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
@@ -171,6 +191,8 @@ def _write_resume(path: Path, digest: str, batch: int, acked_rows: int) -> None:
 
 
 def cmd_ingest(args: argparse.Namespace, client: OPMLClient) -> int:
+    from clients import datafile
+
     data = datafile.load(
         args.file,
         label_column=args.label_column,
@@ -190,6 +212,12 @@ def cmd_ingest(args: argparse.Namespace, client: OPMLClient) -> int:
 
     stream = client.stream(args.model, window=args.window, on_progress=on_progress)
     with stream:
+        width = data.X.shape[1]
+        if stream.dim is not None and width != stream.dim:  # None: the key may not read it
+            raise ValueError(
+                f"{args.file}: the file has {width} features, model {args.model} has dim "
+                f"{stream.dim}"
+            )
         for lo in range(start, n, batch):
             hi = min(lo + batch, n)
             # The id names the rows, so a rerun's frames are the ones already logged.
@@ -243,19 +271,25 @@ def cmd_verify(args: argparse.Namespace, client: OPMLClient) -> int:
     v = client.verify(
         args.model, args.a, args.b, threshold=args.threshold, min_version=args.min_version
     )
-    calibrated = "calibrated" if v.calibrated else "not calibrated"
     _emit(
         args,
         v.raw,
         f"{'same' if v.same else 'different'}: squared distance "
-        f"{v.squared_distance:.6g} vs threshold {v.threshold:.6g} ({calibrated}, "
-        f"version {v.version})",
+        f"{v.squared_distance:.6g} vs threshold {v.threshold:.6g} "
+        f"({v.threshold_source or 'unknown source'}, version {v.version})",
     )
     return EXIT_OK
 
 
 def cmd_metric(args: argparse.Namespace, client: OPMLClient) -> int:
     if args.format == "npy":
+        if args.output is None and sys.stdout.isatty():
+            raise UsageError(
+                "metric export: .npy bytes are not for a terminal; write them with -o FILE or "
+                "redirect standard output (or print JSON with --format json)"
+            )
+        import numpy as np
+
         L = client.metric(args.model, min_version=args.min_version)
         if args.output is None:
             np.save(sys.stdout.buffer, L, allow_pickle=False)
@@ -332,40 +366,65 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         parents=[_common(suppress=False)],
     )
+    parser.set_defaults(client=True)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the service in this process", parents=[common])
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--data-dir", type=Path, help="embedded Redis data directory")
-    serve.add_argument("--redis-url", help="use this Redis instead of the embedded one")
-    serve.set_defaults(run=cmd_serve)
+    # serve talks to no service: none of the client options (--url, --json, ...) apply.
+    serve = sub.add_parser(
+        "serve",
+        help="run the service in this process",
+        description="Run the service in this process; each option sets the OPML_* setting "
+        "named in its help, the others come from the environment as usual.",
+    )
+    serve.add_argument("--host", help="interface to bind (OPML_HOST; default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="HTTP/WebSocket port (OPML_PORT; default 8000)")
+    serve.add_argument(
+        "--data-dir", type=Path, help="embedded Redis data directory (OPML_DATA_DIR; default data)"
+    )
+    serve.add_argument(
+        "--redis-url", help="use this Redis instead of the embedded one (OPML_REDIS_URL)"
+    )
+    serve.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="log level (OPML_LOG_LEVEL; default info)",
+    )
+    serve.set_defaults(run=cmd_serve, client=False)
 
     models = sub.add_parser("models", help="create, list, show, delete models")
     actions = models.add_subparsers(dest="action", required=True)
-    create = actions.add_parser("create", parents=[common])
-    create.add_argument("name")
-    create.add_argument("--dim", type=int, required=True)
-    create.add_argument("--algorithm", choices=["copml", "opml"])
-    create.add_argument("--gamma", type=float)
-    create.add_argument("--gamma-pair", type=float)
-    create.add_argument("--margin", type=float)
-    create.add_argument("--normalize", choices=["none", "l2"])
-    create.add_argument("--seed", type=int)
-    actions.add_parser("list", parents=[common])
-    for action in ("show", "delete"):
-        actions.add_parser(action, parents=[common]).add_argument("name")
+    create = actions.add_parser("create", parents=[common], help="create a model")
+    create.add_argument("name", help="model name (lower-case letters, digits, - and _)")
+    create.add_argument("--dim", type=int, required=True, help="dimension d of the vectors")
+    create.add_argument(
+        "--algorithm", choices=["copml", "opml"], help="copml (pairwise cold start) or opml"
+    )
+    create.add_argument("--gamma", type=float, help="step size of the triplet update (Eq. 16)")
+    create.add_argument(
+        "--gamma-pair", type=float, help="step size of COPML's pairwise stage (Eq. 20)"
+    )
+    create.add_argument("--margin", type=float, help="hinge margin (Eq. 4)")
+    create.add_argument(
+        "--normalize", choices=["none", "l2"], help="scale samples and queries to unit norm (l2)"
+    )
+    create.add_argument("--seed", type=int, help="seed of the negative-class draws")
+    actions.add_parser("list", parents=[common], help="list the models")
+    for action, helptext in (("show", "show a model"), ("delete", "delete a model and its state")):
+        shown = actions.add_parser(action, parents=[common], help=helptext)
+        shown.add_argument("name", help="model name")
     models.set_defaults(run=cmd_models)
 
     ingest = sub.add_parser("ingest", help="stream a CSV/NPY/NPZ file", parents=[common])
-    ingest.add_argument("file", type=Path)
-    ingest.add_argument("--model", required=True)
+    ingest.add_argument("file", type=Path, help="samples: .csv, .npy or .npz")
+    ingest.add_argument("--model", required=True, help="model to stream into")
     ingest.add_argument("--label-column", help="index or CSV header name (default: last)")
     ingest.add_argument("--labels", type=Path, help="labels file (.npy, or one per line)")
     ingest.add_argument("--x-key", default="X", help="NPZ array of features (default X)")
     ingest.add_argument("--y-key", default="y", help="NPZ array of labels (default y)")
-    ingest.add_argument("--batch", type=int, default=256, help="rows per frame")
-    ingest.add_argument("--window", type=int, default=32, help="frames in flight")
+    ingest.add_argument(
+        "--batch", type=int, default=256, help="rows per WebSocket frame (default 256)"
+    )
+    ingest.add_argument("--window", type=int, default=32, help="frames in flight (default 32)")
     ingest.add_argument("--resume-file", type=Path, help="records the last acked row")
     ingest.add_argument("--no-progress", action="store_true", help="no progress bar")
     ingest.set_defaults(run=cmd_ingest)
@@ -375,27 +434,46 @@ def build_parser() -> argparse.ArgumentParser:
         ("verify", cmd_verify, "are a and b the same class?"),
     ):
         query = sub.add_parser(name, help=helptext, parents=[common])
-        query.add_argument("model")
-        query.add_argument("--a", type=_vector, required=True)
+        query.add_argument("model", help="model name")
+        query.add_argument("--a", type=_vector, required=True, help="vector a, e.g. 0,0.5,1")
+        if name == "distance":
+            query.add_argument(
+                "--b",
+                type=_vector,
+                required=True,
+                action="append",
+                help="vector b (repeat: one to many)",
+            )
+        else:
+            query.add_argument("--b", type=_vector, required=True, help="vector b")
         query.add_argument(
-            "--b", type=_vector, required=True, action="append" if name == "distance" else "store"
+            "--min-version", type=int, help="answer once the model has applied this seq"
         )
-        query.add_argument("--min-version", type=int)
         query.set_defaults(run=run)
-    sub.choices["verify"].add_argument("--threshold", type=float)
+    sub.choices["verify"].add_argument(
+        "--threshold", type=float, help="squared-distance threshold (default: the model's)"
+    )
 
     metric = sub.add_parser("metric", help="export L")
     metric_actions = metric.add_subparsers(dest="action", required=True)
-    export = metric_actions.add_parser("export", parents=[common])
-    export.add_argument("model")
-    export.add_argument("--format", choices=["npy", "json"], default="npy")
-    export.add_argument("-o", "--output", type=Path, help="file (default: standard output)")
-    export.add_argument("--min-version", type=int)
+    export = metric_actions.add_parser("export", parents=[common], help="write L to a file")
+    export.add_argument("model", help="model name")
+    export.add_argument(
+        "--format", choices=["npy", "json"], default="npy", help="npy (bit-exact) or json"
+    )
+    export.add_argument(
+        "-o", "--output", type=Path, help="file (default: standard output, not a terminal)"
+    )
+    export.add_argument(
+        "--min-version", type=int, help="export once the model has applied this seq"
+    )
     metric.set_defaults(run=cmd_metric)
 
     events = sub.add_parser("events", help="follow a model's events", parents=[common])
-    events.add_argument("model")
-    events.add_argument("--interval-ms", type=int)
+    events.add_argument("model", help="model name")
+    events.add_argument(
+        "--interval-ms", type=int, help="at most one event per this many ms (default 1000)"
+    )
     events.add_argument("--count", type=int, help="stop after this many events")
     events.set_defaults(run=cmd_events)
     return parser
@@ -409,6 +487,8 @@ def exit_code(error: BaseException) -> int:
         return EXIT_CONFLICT
     if isinstance(error, Unavailable | ConnectionFailed):
         return EXIT_UNAVAILABLE
+    if isinstance(error, Unauthorized | Forbidden):
+        return EXIT_UNAUTHORIZED
     if isinstance(error, APIError):
         return EXIT_INVALID if 400 <= error.status < 500 else EXIT_FAILURE
     if isinstance(error, ValueError | OSError):
@@ -418,10 +498,18 @@ def exit_code(error: BaseException) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    retry = RetryPolicy(attempts=max(args.retries, 0))
     try:
-        with OPMLClient(args.url, timeout=args.timeout, retry=retry) as client:
-            code: int = args.run(args, client)
+        if not args.client:
+            code: int = args.run(args)
+            return code
+        from clients.sync import OPMLClient  # httpx, websockets, numpy: once a command runs
+
+        # Nobody waits at a shell for a service that is not there: a refused connect fails at
+        # once; 503s and dropped connections are retried as in the library.
+        retry = RetryPolicy(attempts=max(args.retries, 0), retry_refused=False)
+        key = os.environ.get("OPML_API_KEY") or None
+        with OPMLClient(args.url, timeout=args.timeout, retry=retry, api_key=key) as client:
+            code = args.run(args, client)
             return code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

@@ -11,6 +11,7 @@ turns it into the matching :class:`APIError` subclass, which keeps every member 
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 
@@ -58,6 +59,14 @@ class BadRequest(APIError):
     """400 (and any other 4xx without a class of its own)."""
 
 
+class Unauthorized(APIError):
+    """401: no API key, or an unknown one (the client's ``api_key``)."""
+
+
+class Forbidden(APIError):
+    """403: the API key lacks the scope the operation needs (``extra["required_scope"]``)."""
+
+
 class NotFound(APIError):
     """404: no such model."""
 
@@ -98,6 +107,8 @@ class FrameRejected(APIError):
 
 
 _BY_STATUS: dict[int, type[APIError]] = {
+    401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     413: PayloadTooLarge,
@@ -107,16 +118,28 @@ _BY_STATUS: dict[int, type[APIError]] = {
 
 
 def from_problem(status: int, body: Any, retry_after: float | None = None) -> APIError:
-    """The exception for a problem document (or for a body that is not one)."""
+    """The exception for a problem document (or for a body that is not one); without a
+    ``title`` the status's reason phrase stands in.
+
+    >>> str(from_problem(403, {"detail": "this API key lacks the scope 'admin'"}))
+    "403 Forbidden: this API key lacks the scope 'admin'"
+    """
     doc: dict[str, Any] = body if isinstance(body, dict) else {}
     status = int(doc.get("status", status)) if isinstance(doc.get("status"), int) else status
     cls = _BY_STATUS.get(status, ServerError if status >= 500 else BadRequest)
     extra = {k: v for k, v in doc.items() if k not in ("type", "title", "status", "detail")}
     return cls(
         status,
-        str(doc.get("title", "HTTP error")),
+        str(doc.get("title") or _reason(status)),
         str(doc.get("detail", body if isinstance(body, str) else "")),
         type=str(doc.get("type", "about:blank")),
         extra=extra,
         retry_after=retry_after,
     )
+
+
+def _reason(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return f"HTTP {status}"

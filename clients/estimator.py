@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from clients.types import Array, Model
-from service.core import Learner, LearnerConfig
 
 if TYPE_CHECKING:
     from service.core import COPML, OPML
@@ -28,7 +27,9 @@ def estimator_for(model: Model, L: Array) -> OPML | COPML:
     service did at that ``L``. The per-class buffer stays on the service, so a later
     ``partial_fit`` continues from ``L`` as a warm start, not from the service's stream.
     """
-    from service.core import COPML, OPML  # scikit-learn, when installed: only when asked for
+    # The core (numba, scipy: ~1 s to import) and scikit-learn load only when asked for, so
+    # `import clients` and the `opml` command stay quick.
+    from service.core import COPML, OPML, Learner, LearnerConfig
 
     estimator: OPML | COPML
     hyper: dict[str, Any] = dict(

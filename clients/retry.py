@@ -7,6 +7,8 @@
 1.0
 >>> RetryPolicy.none().attempts
 0
+>>> RetryPolicy(retry_refused=False).gives_up(0, ConnectionRefusedError(111, "refused"))
+True
 """
 
 from __future__ import annotations
@@ -23,12 +25,16 @@ class RetryPolicy:
     retry waits ``base_delay_s * 2**n`` (at most ``max_delay_s``), or the server's
     ``Retry-After`` when it sent one (also capped), plus up to ``jitter`` of it at random.
     Streams apply the same budget to consecutive reconnects without an ack in between.
+    ``retry_refused=False`` gives up at once on a refused connection (nothing listens at the
+    address: a command line should say so rather than wait); the default retries it, as a
+    service restarting refuses connections for a moment.
     """
 
     attempts: int = 5
     base_delay_s: float = 0.1
     max_delay_s: float = 5.0
     jitter: float = 0.1
+    retry_refused: bool = True
 
     def __post_init__(self) -> None:
         if self.attempts < 0 or self.base_delay_s < 0 or self.max_delay_s < 0:
@@ -41,8 +47,29 @@ class RetryPolicy:
         """Never retry."""
         return cls(attempts=0)
 
+    def gives_up(self, failures: int, cause: BaseException) -> bool:
+        """Whether to stop after ``failures`` consecutive failures, the last being ``cause``."""
+        return failures >= self.attempts or (not self.retry_refused and refused(cause))
+
     def delay(self, attempt: int, retry_after: float | None = None) -> float:
         """Seconds to wait before retry number ``attempt`` (0-based)."""
         wanted = retry_after if retry_after is not None else self.base_delay_s * 2**attempt
         wait = min(max(wanted, 0.0), self.max_delay_s)
         return wait * (1.0 + self.jitter * random.random()) if self.jitter else wait
+
+
+def refused(failure: BaseException) -> bool:
+    """Whether ``failure`` is (or was caused by) a refused connection: nothing listens there.
+
+    >>> try:
+    ...     raise OSError("connect failed") from ConnectionRefusedError(111, "refused")
+    ... except OSError as exc:
+    ...     refused(exc), refused(TimeoutError("slow"))
+    (True, False)
+    """
+    cause: BaseException | None = failure
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False

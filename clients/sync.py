@@ -1,6 +1,11 @@
-"""The blocking client: :class:`OPMLClient` (httpx) and its ingestion :class:`Stream` (websockets).
+# Generated from clients/aio.py by scripts/unasync.py: do not edit. Edit clients/aio.py,
+# then run `python scripts/unasync.py` (CI runs it with --check).
+"""The blocking client: :class:`OPMLClient` (httpx) and its ingestion :class:`Stream`
+(websockets).
 
 Requests and answers are defined once in :mod:`clients._wire`; this module only waits.
+``clients/sync.py`` is generated from ``clients/aio.py`` by ``python scripts/unasync.py`` (CI
+runs it with ``--check``): edit ``clients/aio.py`` and regenerate, never ``clients/sync.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
 from clients import _wire
-from clients.errors import from_problem
+from clients.errors import Forbidden, from_problem
 from clients.estimator import estimator_for
 from clients.retry import RetryPolicy
 from clients.types import (
@@ -40,26 +45,45 @@ if TYPE_CHECKING:
 WS_TRANSIENT = (ConnectionClosed, OSError, TimeoutError)
 
 
-def _ws_open(url: str, open_timeout: float) -> ClientConnection:
-    """Open a WebSocket; a refused handshake with a 4xx status becomes its APIError."""
+def _ws_enter(
+    scope: contextlib.ExitStack, url: str, timeout: float, headers: dict[str, str]
+) -> ClientConnection:
+    """Open a WebSocket inside ``scope``; a refused handshake raises its APIError (4xx) or a
+    ConnectionError (5xx, transient)."""
     try:
-        # Frames are JSON numbers sent over a LAN: deflate costs more CPU than it saves.
-        return connect(url, open_timeout=open_timeout, max_size=None, compression=None)
+        # Frames are float64 blocks and JSON sent over a LAN: deflate costs more than it saves.
+        return scope.enter_context(
+            connect(
+                url,
+                additional_headers=headers,
+                open_timeout=timeout,
+                max_size=None,
+                compression=None,
+            )
+        )
     except InvalidStatus as exc:
-        status = exc.response.status_code
-        if status >= 500:
-            raise ConnectionError(f"handshake answered {status}") from exc
-        raise from_problem(status, exc.response.body.decode(errors="replace")) from None
+        response = exc.response
+        raise _wire.handshake_refusal(response.status_code, response.body, url) from None
+
+
+def _recv(ws: ClientConnection, timeout: float | None) -> str | bytes:
+    """The next message; TimeoutError when none comes within ``timeout`` seconds (0: only a
+    message already received; None: no limit)."""
+    return ws.recv(timeout)
 
 
 class Stream:
     """Ingestion over ``WS /v1/models/{name}/stream`` with a bounded window of unacked frames.
 
-    :meth:`send` blocks while ``window`` frames await their ack. A dropped connection is
+    Opening it reads the model once, so that :meth:`send` refuses rows of the wrong width before
+    sending (a ValueError naming ``X``; with an API key that may not read the model, the
+    service's own check is the only one). :meth:`send` waits while ``window`` frames wait for
+    their ack, and collects the acks already there after each frame, so ``on_progress`` (called
+    with the :class:`Progress` after every ack) follows the service. A dropped connection is
     reopened (bounded by the client's :class:`RetryPolicy`) and every unacknowledged frame is
     sent again with its id, which the service acknowledges without logging it twice. Leaving
-    the ``with`` block waits for the last acks and closes the socket (on an exception it closes
-    at once). ``on_progress`` is called with the :class:`Progress` after every ack.
+    the ``with`` block waits for the last acks and closes the socket (on an exception it
+    closes at once).
 
     Example (against a running service)::
 
@@ -72,18 +96,17 @@ class Stream:
 
     def __init__(
         self,
-        url: str,
+        client: OPMLClient,
+        name: str,
         *,
         window: int,
-        retry: RetryPolicy,
         on_progress: Callable[[Progress], None] | None,
-        open_timeout: float,
         ack_timeout: float | None,
         binary: bool | None = None,
     ) -> None:
-        self._url = url
-        self._window = _wire.Window(window, retry, on_progress, binary)
-        self._open_timeout = open_timeout
+        self._client = client
+        self._url = _wire.ws_url(client.base_url, name, "/stream")
+        self._window = _wire.Window(window, client.retry, on_progress, binary, name, self._url)
         self._ack_timeout = ack_timeout
         self._ws: ClientConnection | None = None
         self._scope = contextlib.ExitStack()
@@ -91,6 +114,12 @@ class Stream:
     @property
     def progress(self) -> Progress:
         return self._window.progress
+
+    @property
+    def dim(self) -> int | None:
+        """The model's dimension, read when the stream opened (None: the API key may not read
+        the model, or the stream is not open yet)."""
+        return self._window.dim
 
     def __enter__(self) -> Stream:
         self.open()
@@ -108,17 +137,24 @@ class Stream:
             self._drop()
 
     def open(self) -> None:
-        """Connect (retrying transient failures); :meth:`__enter__` calls it."""
+        """Read the model's dim, then connect (retrying transient failures); ``with``
+        calls it. NotFound if the model does not exist."""
+        try:
+            model = self._client.get_model(self._window.model)
+            self._window.dim = model.dim
+        except Forbidden:  # an ingest-only key may not read the model
+            self._window.dim = None
         while True:
             try:
-                self._attach(_ws_open(self._url, self._open_timeout))
+                self._attach()
                 return
             except WS_TRANSIENT as exc:
                 time.sleep(self._window.next_delay(exc))
 
-    def _attach(self, ws: ClientConnection) -> ClientConnection:
+    def _attach(self) -> ClientConnection:
         self._scope = contextlib.ExitStack()
-        self._ws = self._scope.enter_context(ws)
+        client = self._client
+        self._ws = _ws_enter(self._scope, self._url, client.timeout, client.headers)
         self._window.connected(_wire.frames_header(self._ws))
         return self._ws
 
@@ -158,10 +194,10 @@ class Stream:
             self._reconnect(exc)
 
     def _receive(self, timeout: float | None) -> None:
-        """Read one message (TimeoutError if ``timeout == 0`` and none is there)."""
+        """Read one message and act on it (TimeoutError if ``timeout == 0`` and none is there)."""
         assert self._ws is not None, "the stream is not open"
         try:
-            text = self._ws.recv(timeout)
+            text = _recv(self._ws, timeout)
         except TimeoutError:
             if timeout == 0:
                 raise
@@ -182,7 +218,7 @@ class Stream:
         # Messages that arrived before the drop still count (an ack, or why we were closed).
         with contextlib.suppress(*WS_TRANSIENT):
             while True:
-                self._window.receive(ws.recv(0))
+                self._window.receive(_recv(ws, 0))
         self._drop()
         refused = _wire.close_problem(ws.close_code, ws.close_reason or "")
         if refused is not None:
@@ -190,7 +226,7 @@ class Stream:
         while True:
             time.sleep(self._window.next_delay(cause))
             try:
-                fresh = self._attach(_ws_open(self._url, self._open_timeout))
+                fresh = self._attach()
                 for frame in list(self._window.pending.values()):
                     fresh.send(self._window.payload(frame))
             except WS_TRANSIENT as exc:
@@ -202,11 +238,13 @@ class Stream:
 
 
 class OPMLClient:
-    """Blocking client of the opml-service HTTP/WebSocket API (``/v1``).
+    """blocking client of the opml-service HTTP/WebSocket API (``/v1``).
 
     Vectors and matrices may be lists or numpy arrays; answers are typed objects (numpy for
     vectors and matrices). Errors raise :class:`clients.errors.APIError` subclasses carrying the
-    problem+json members; 503s and dropped connections are retried per ``retry``.
+    problem+json members; 503s and dropped connections are retried per ``retry``. ``api_key``
+    is sent as ``Authorization: Bearer <key>`` on every request and WebSocket handshake;
+    ``headers`` go on both too.
 
     Example (against a running service)::
 
@@ -214,7 +252,7 @@ class OPMLClient:
         with OPMLClient("http://127.0.0.1:8000") as client:
             client.create_model("faces", dim=3)
             client.ingest("faces", [[0, 0, 1], [0, 1, 0]], ["ann", "bob"], wait=True)
-            client.distance("faces", [0, 0, 1], [0, 1, 0]).distance
+            d = client.distance("faces", [0, 0, 1], [0, 1, 0])    # d.distance, d.version
             L = client.metric("faces")                       # numpy (d, d)
             est = client.to_sklearn("faces")                 # a fitted service.core COPML
     """
@@ -226,11 +264,15 @@ class OPMLClient:
         timeout: float = 30.0,
         retry: RetryPolicy | None = None,
         headers: dict[str, str] | None = None,
+        api_key: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=headers)
+        self.headers = dict(headers or {})
+        if api_key is not None:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, headers=self.headers)
 
     def __enter__(self) -> OPMLClient:
         return self
@@ -258,8 +300,8 @@ class OPMLClient:
                 failure: Exception = _wire.problem(response)
             except httpx.TransportError as exc:
                 failure = exc
-            if attempt >= self.retry.attempts or not _wire.should_retry(call, failure):
-                raise _wire.give_up(failure) from failure
+            if self.retry.gives_up(attempt, failure) or not _wire.should_retry(call, failure):
+                raise _wire.give_up(failure, self.base_url + call.path) from failure
             time.sleep(self.retry.delay(attempt, getattr(failure, "retry_after", None)))
             attempt += 1
 
@@ -346,7 +388,7 @@ class OPMLClient:
         ack_timeout: float | None = 60.0,
         binary: bool | None = None,
     ) -> Stream:
-        """A :class:`Stream` to ``name`` (use it as a context manager).
+        """An :class:`Stream` to ``name`` (use it with ``with``).
 
         ``ack_timeout``: seconds to wait for an ack before treating the connection as dead.
         ``binary``: send binary frames (raw float64 block, no JSON number formatting): None
@@ -354,11 +396,10 @@ class OPMLClient:
         True always, False never (JSON frames).
         """
         return Stream(
-            _wire.ws_url(self.base_url, f"/v1/models/{name}/stream"),
+            self,
+            name,
             window=window,
-            retry=self.retry,
             on_progress=on_progress,
-            open_timeout=self.timeout,
             ack_timeout=ack_timeout,
             binary=binary,
         )
@@ -367,11 +408,12 @@ class OPMLClient:
         """Follow ``WS .../events``: yields an :class:`Event` per model change, reconnecting
         after a drop (bounded by the retry policy); stop by breaking out of the loop."""
         params = {} if interval_ms is None else {"interval_ms": interval_ms}
-        url = _wire.ws_url(self.base_url, f"/v1/models/{name}/events", params)
+        url = _wire.ws_url(self.base_url, name, "/events", params)
         failures = 0
         while True:
             try:
-                with _ws_open(url, self.timeout) as ws:
+                with contextlib.ExitStack() as scope:
+                    ws = _ws_enter(scope, url, self.timeout, self.headers)
                     for text in ws:
                         doc = json.loads(text)
                         if "error" in doc:
@@ -379,8 +421,8 @@ class OPMLClient:
                         failures = 0
                         yield Event.from_json(doc)
             except WS_TRANSIENT as exc:
-                if failures >= self.retry.attempts:
-                    raise _wire.give_up(exc) from exc
+                if self.retry.gives_up(failures, exc):
+                    raise _wire.give_up(exc, url) from exc
             time.sleep(self.retry.delay(failures))
             failures += 1
 
@@ -416,7 +458,8 @@ class OPMLClient:
         threshold: float | None = None,
         min_version: int | None = None,
     ) -> Verdict:
-        """Same class? ``squared_distance <= threshold`` (the model's calibrated one if None)."""
+        """Same class? ``squared_distance <= threshold`` (the model's calibrated one if None;
+        ``threshold_source`` of the answer says which was used)."""
         return self._send(_wire.verify(name, a, b, threshold, min_version))
 
     def transform(self, name: str, X: Any, *, min_version: int | None = None) -> Transformed:
@@ -441,7 +484,8 @@ class OPMLClient:
         For offline use (``transform``, ``pair_distance``, pipelines); see
         :func:`clients.estimator.estimator_for`.
         """
-        return estimator_for(self.get_model(name), self.metric(name, min_version=min_version))
+        model = self.get_model(name)
+        return estimator_for(model, self.metric(name, min_version=min_version))
 
     # -- operations ----------------------------------------------------------------------------
 

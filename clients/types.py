@@ -168,7 +168,15 @@ class Distances:
 @dataclass(frozen=True)
 class Verdict:
     """``same = squared_distance <= threshold``; ``calibrated`` tells whether the model's own
-    threshold was calibrated (else ``raw`` says which fallback the service used)."""
+    threshold was calibrated; ``threshold_source`` says which threshold decided: ``caller``,
+    ``calibrated``, ``fallback:window`` or ``fallback:margin`` (None from a service that does
+    not say).
+
+    >>> v = Verdict.from_json({"same": True, "squared_distance": 0.2, "threshold": 0.5,
+    ...     "calibrated": True, "version": 9, "threshold_source": "caller"})
+    >>> v.same, v.threshold_source
+    (True, 'caller')
+    """
 
     same: bool
     squared_distance: float
@@ -176,9 +184,11 @@ class Verdict:
     calibrated: bool
     version: int
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    threshold_source: str | None = None
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Verdict:
+        source = doc.get("threshold_source")
         return cls(
             bool(doc["same"]),
             float(doc["squared_distance"]),
@@ -186,6 +196,7 @@ class Verdict:
             bool(doc["calibrated"]),
             int(doc["version"]),
             doc,
+            None if source is None else str(source),
         )
 
 

@@ -1,22 +1,21 @@
-"""Stream scikit-learn's digits into a model with the SDK; plot the verification ROC of held-out
-pairs before and after learning.
+"""Stream scikit-learn's digits into a model with the SDK; print the verification AUC of
+held-out pairs before and after learning, and plot their ROC.
 
-    opml serve --port 8000 --data-dir /tmp/opml-example &       # or: python3 dev.py serve
-    python examples/digits_roc.py --url http://127.0.0.1:8000 --out examples/digits_roc.png
+    python3 dev.py bench                                            # scikit-learn, matplotlib
+    .venv/bin/opml serve --port 8765 --data-dir /tmp/opml-example &
+    .venv/bin/python examples/digits_roc.py --url http://127.0.0.1:8765   # writes the .png here
 
-Needs the [bench] extra (scikit-learn for the data set and the ROC, matplotlib for the plot).
-The model is deleted first if it exists, so the script can be rerun.
+Needs scikit-learn (the data set and the ROC); matplotlib draws the plot and is optional (the
+AUCs are printed without it). The model is deleted first if it exists, so the script can be
+rerun; every run prints the same figures (seeded split, pairs and model).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 from sklearn.datasets import load_digits
 from sklearn.metrics import roc_auc_score, roc_curve
@@ -65,11 +64,21 @@ def main() -> None:
         client.metric(args.model, min_version=len(train))  # wait until all are applied
         after = scores()
 
+    curves = {"before (Euclidean)": before, "after OPML stream": after}
+    for name, s in curves.items():
+        print(f"{name}: AUC {roc_auc_score(same, s):.3f}")
+    if importlib.util.find_spec("matplotlib") is None:
+        print("matplotlib is not installed (python3 dev.py bench installs it): no plot")
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+
     plt.figure(figsize=(5, 5))
-    for name, s in (("before (Euclidean)", before), ("after OPML stream", after)):
+    for name, s in curves.items():
         fpr, tpr, _ = roc_curve(same, s)
         plt.plot(fpr, tpr, label=f"{name}, AUC {roc_auc_score(same, s):.3f}")
-        print(f"{name}: AUC {roc_auc_score(same, s):.3f}")
     plt.plot([0, 1], [0, 1], ":", color="grey")
     plt.xlabel("false accept rate")
     plt.ylabel("true accept rate")

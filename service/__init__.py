@@ -1,5 +1,50 @@
 """opml-service: streaming online metric learning (OPML / COPML) behind REST and WebSocket.
 
-The algorithm lives in :mod:`service.core` (pure numpy); everything else in this package is
-the service around it. Importing this package imports nothing heavy.
+Architecture
+============
+
+The folders, and what each may import from the others (``tests/test_architecture.py`` checks
+both this list and that no import cycle exists anywhere in ``service/``):
+
+* ``core/`` -- the algorithm: learner, closed-form updates, calibration, estimators (pure
+  numpy/numba; no web, Redis or asyncio). Imports nothing of the service.
+* ``errors.py`` -- the domain's errors (a slug and a sentence each). Imports nothing.
+* ``config.py`` -- every setting (pydantic-settings, ``OPML_*``). Imports nothing.
+* ``telemetry.py`` -- the Prometheus event metrics and each model's bound series. Imports
+  ``core``.
+* ``storage/`` -- Redis: key names, byte layouts, the Lua scripts, the group-commit queue, the
+  checkpoint record, the embedded server. Imports ``core``.
+* ``engine/`` -- the runtime engine: registry, one model's runtime, writer, snapshots, status,
+  lease, admission, ``?wait=true`` results. Imports ``core``, ``storage``, ``errors``,
+  ``config``, ``telemetry``.
+* ``api/`` -- HTTP/WebSocket: parsing, schemas, routes, the lean path, presenters,
+  problem+json, authentication, limits, observation. Imports all of the above.
+* ``main.py`` (the app factory: Redis, engine and API wired together) and ``__main__.py`` (the
+  command line) may import anything.
+
+The engine takes arrays and class keys and answers with snapshots, results and statuses; it
+knows no HTTP. The API turns requests into those and answers back; the core knows neither.
+
+The durability path of a sample, with the file that does each step:
+
+1. **request** -- ``api/routes/samples.py`` (REST) or ``api/routes/stream.py`` (WebSocket)
+   parse the body (``api/parsing.py``) and hand arrays and class keys to ``api/ingestion.py``;
+2. **admission** -- ``engine/admission.py`` holds the append back while the learner is more
+   than ``OPML_MAX_UNAPPLIED`` samples behind (backpressure, in arrival order);
+3. **group commit** -- ``storage/group_commit.py`` gathers the appends that arrive together;
+4. **Lua append** -- ``storage/store.py`` (``_APPEND``): one script assigns the seqs, records
+   the idempotency answer and ``XADD``\\ s one entry per request/frame, atomically; the ack is
+   sent only after it returned (with ``OPML_REDIS_WAIT_REPLICAS`` = n, and after ``WAIT n``
+   confirmed n replicas have it);
+5. **log** -- the model's Redis Stream ``opml:{name}:log`` (``storage/keys.py``, layout in
+   ``storage/codec.py``), persisted by Redis' AOF;
+6. **writer** -- ``engine/writer.py`` reads the log in order and applies it with the core
+   learner in a worker thread;
+7. **snapshot** -- ``engine/snapshot.py``: an immutable view published after each batch;
+   queries read only snapshots;
+8. **checkpoint** -- ``storage/checkpoint.py`` (the record) written by the writer with the
+   lease's fencing token (``engine/lease.py``) through ``storage/store.py`` (``_CHECKPOINT``),
+   which trims the log behind it. A restart loads the checkpoint and replays the log tail.
+
+Importing this package imports nothing heavy.
 """

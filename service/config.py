@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -34,6 +34,13 @@ class Settings(BaseSettings):
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Bound on every Redis call; past it the API answers 503."
     )
+    redis_wait_replicas: int = Field(
+        default=0,
+        ge=0,
+        description="Acknowledge a sample or metric append only after WAIT confirmed this many "
+        "Redis replicas have it (else 503; retry with the same idempotency key); 0: an ack means "
+        "'in the master'. Every process of a keyspace must use the same value.",
+    )
     log_level: str = Field(default="info", description="uvicorn / service log level.")
 
     # -- security (service/security.py) --
@@ -47,7 +54,20 @@ class Settings(BaseSettings):
         description="Allow binding a non-loopback host without API keys (anyone can write).",
     )
 
-    # -- several processes on one Redis (service/models/lease.py) --
+    lean_path: bool = Field(
+        default=True,
+        description="Answer the hot queries (distance, verify) on the lean path, without "
+        "FastAPI's per-request machinery (same parsers and answers; false: every request goes "
+        "through its FastAPI route).",
+    )
+
+    # -- several processes on one Redis (service/engine/registry.py, service/api/forward.py) --
+    advertise_url: str | None = Field(
+        default=None,
+        description="The base URL other service processes reach this one at (requests for a "
+        "model this process learns are forwarded to it); default http://<host>:<port>, with "
+        "this machine's name when bound to all interfaces.",
+    )
     lease_ttl_s: float = Field(
         default=10.0,
         ge=0.5,
@@ -110,6 +130,15 @@ class Settings(BaseSettings):
     events_queue: int = Field(
         default=16, ge=1, description="Undelivered /events frames kept per reader."
     )
+
+    @model_validator(mode="after")
+    def _replicas_need_a_redis_url(self) -> Settings:
+        if self.redis_wait_replicas and self.redis_url is None:
+            raise ValueError(
+                "redis_wait_replicas: the embedded Redis has no replicas, so no append could "
+                "ever be acknowledged; set OPML_REDIS_URL to a Redis with replicas, or use 0"
+            )
+        return self
 
 
 @lru_cache

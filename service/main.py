@@ -1,4 +1,4 @@
-"""The application factory: settings, Redis (embedded or external), models, routes, errors.
+"""The application factory: settings, Redis (embedded or external), the engine, routes, errors.
 
 >>> app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
 >>> app.title
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,19 +18,35 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from service import errors, telemetry
-from service.api import auth
-from service.api.fast import FastQueries
+from service.api import auth, deps, observe, problems
+from service.api.forward import Forwarder, OwnerRouting
+from service.api.lean import LeanPath
 from service.api.limits import BodyLimit
 from service.api.main import api_router
 from service.config import Settings, get_settings
 from service.core import warm_up
-from service.models.service import ModelService
+from service.engine.registry import Registry
 from service.security import KeyRing
 from service.storage.embedded import EmbeddedRedis
-from service.storage.store import Store, connect, redacted_url
+from service.storage.store import Store, redacted_url
 
 log = logging.getLogger("service")
+
+
+def advertised_url(settings: Settings) -> str:
+    """Where other processes reach this one (``OPML_ADVERTISE_URL``, else from host and port).
+
+    >>> advertised_url(Settings(host="127.0.0.1", port=8000))
+    'http://127.0.0.1:8000'
+    """
+    if settings.advertise_url:
+        return settings.advertise_url.rstrip("/")
+    host = settings.host
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.gethostname()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
 
 
 def _operation_id(route: APIRoute) -> str:
@@ -47,20 +64,24 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     url = settings.redis_url
     if url is None:
         embedded = EmbeddedRedis(settings.data_dir, settings.redis_appendfsync)
-        url = await asyncio.to_thread(embedded.start)
+        url = await asyncio.to_thread(embedded.start)  # supervised: restarted if it dies
     else:
         log.info("using Redis at %s", redacted_url(url))
-    client = connect(url, settings.redis_timeout_s)
-    models = ModelService(Store(client), settings)
+    store = Store.connect(url, settings.redis_timeout_s, wait_replicas=settings.redis_wait_replicas)
+    models = Registry(store, settings, advertised_url(settings))
     app.state.models = models
-    telemetry.watch_models(lambda: list(models.runtimes.values()))
+    app.state.forwarder = Forwarder(
+        models.owner_id, settings.apply_wait_s + settings.min_version_wait_s + 10
+    )
+    observe.watch(lambda: [rt.status() for rt in models.runtimes.values() if rt.serving])
     models.start()
     try:
         yield
     finally:
         await models.close()
-        telemetry.watch_models(tuple)
-        await client.aclose()
+        observe.watch(tuple)
+        await app.state.forwarder.aclose()
+        await store.aclose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
         log.info("stopped")
@@ -110,13 +131,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         generate_unique_id_function=_operation_id,
     )
     app.state.settings = settings
-    errors.install(app)
+    problems.install(app)
     app.include_router(api_router)
+    deps.document_bodies(app)
     auth.document(app)
-    # innermost: the lean path of distance/verify, wrapped by the body limit, auth and metrics
-    app.add_middleware(FastQueries)
+    if settings.lean_path:
+        # innermost: the lean path of distance/verify, wrapped by the body limit, auth, metrics
+        app.add_middleware(LeanPath)
+    # a model another process learns: its requests go there (after auth and the body limit)
+    app.add_middleware(OwnerRouting)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     # before BodyLimit and the routes: a caller without the right key never gets a body read
     app.add_middleware(auth.Authenticate, keys=KeyRing.parse(settings.api_keys))
-    app.add_middleware(telemetry.HttpMetrics)  # outermost: times and counts every answer
+    app.add_middleware(observe.HttpMetrics)  # outermost: times and counts every answer
     return app

@@ -11,9 +11,12 @@ Two kinds of series:
 * **Events** (counters and histograms) are incremented where they happen: ingestion, learner
   batches, checkpoints, verify answers, Redis failures, WebSocket frames, HTTP requests.
 * **State** (gauges of each model: version, lag, classes, ``||L||_F``, hinge, accuracy, EER,
-  threshold, checkpoint age, ...) is read at scrape time from the live models by
-  :class:`ModelStateCollector`. Nothing has to be kept in sync, ages are computed with the
+  threshold, checkpoint age, ...) is read at scrape time from each model's status (the engine's
+  one read model, :class:`~service.engine.status.ModelStatus`) by the collector of
+  :mod:`service.api.observe`. Nothing has to be kept in sync, ages are computed with the
   service's own clock when Prometheus asks, and a deleted model simply stops appearing.
+
+This module imports nothing of the engine or the API: they import it.
 
 The service runs one process per instance (the learner is the single writer of each model and
 its state lives in that process), so the default in-process registry is exact; prometheus-client's
@@ -22,28 +25,16 @@ multiprocess mode is neither needed nor wanted.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
-
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    REGISTRY,
     Counter,
     Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
-from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.core.learner import OUTCOMES
-
-if TYPE_CHECKING:
-    from service.models.runtime import ModelRuntime
 
 # ``*_created`` series double the exposition and no dashboard here uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -80,6 +71,12 @@ HTTP_DURATION = Histogram(
     "HTTP request latency by method, route template and status code (RED: rate, errors, duration).",
     ["method", "route", "status"],
     buckets=_FAST_BUCKETS,
+)
+LEAN_REQUESTS = Counter(
+    "opml_http_lean_requests_total",
+    "HTTP requests answered by the lean path (OPML_LEAN_PATH) instead of the FastAPI route, by "
+    "route template (the answers are the same; this says which path served them).",
+    ["route"],
 )
 WS_FRAME_DURATION = Histogram(
     "opml_ws_frame_duration_seconds",
@@ -141,10 +138,14 @@ REDIS_ERRORS = Counter(
     ["component"],
 )
 REDIS_COMPONENTS = ("api", "ws", "writer", "loader", "readyz")
-for _component in REDIS_COMPONENTS:  # known label values start at 0 (increase() works at once)
-    REDIS_ERRORS.labels(_component)
-for _endpoint in ("stream", "events"):
-    WS_CONNECTIONS.labels(_endpoint)
+#: Values of the ``transport`` label.
+TRANSPORTS = ("rest", "ws")
+
+# The series without a model label, bound once (known label values start at 0, so increase()
+# works at once): failed Redis calls by component, open WebSockets and frame latency.
+REDIS_ERROR = {component: REDIS_ERRORS.labels(component) for component in REDIS_COMPONENTS}
+WS_OPEN = {endpoint: WS_CONNECTIONS.labels(endpoint) for endpoint in ("stream", "events")}
+WS_FRAME = {outcome: WS_FRAME_DURATION.labels(outcome) for outcome in ("ack", "error")}
 
 _PER_MODEL = (
     SAMPLES_ACCEPTED,
@@ -161,166 +162,77 @@ _PER_MODEL = (
 )
 
 
-def model_started(name: str, counts: dict[str, int]) -> None:
-    """Create a model's step series, starting from its own (possibly restored) counts."""
-    for outcome in OUTCOMES:
-        STEPS.labels(name, outcome).inc(counts.get(outcome, 0))
+class ModelMetrics:
+    """The labelled series of one model, bound once (``.labels()`` costs a label tuple, a lock
+    and a lookup per call; these are attribute reads on the hot paths).
 
+    Every process that knows a model counts what it ingests for it; the steps are counted only
+    by the process that learns it (its owner): :meth:`learning` binds them, starting from the
+    model's own (possibly restored) counts, so the sum over outcomes of ``opml_steps_total``
+    equals ``opml_model_version``, and :meth:`not_learning` removes them when the model moves
+    to another process. :meth:`forget` removes every series of the model (it was deleted).
 
-def forget_model(name: str) -> None:
-    """Remove every labelled series of a deleted model."""
-    for metric in _PER_MODEL:
-        metric.remove_by_labels({"model": name})
-    for key in [k for k in _VERIFY_CHILDREN if k[0] == name]:
-        del _VERIFY_CHILDREN[key]
-
-
-#: ``VERIFY_DECISIONS`` children by (model, same, source): ``.labels()`` (label tuple, lock,
-#: lookup) costs microseconds on the hottest query; a dict hit does not.
-_VERIFY_CHILDREN: dict[tuple[str, bool, str], Counter] = {}
-
-
-def verify_decision(name: str, same: bool, source: str) -> None:
-    """Count one verify answer."""
-    key = (name, same, source)
-    child = _VERIFY_CHILDREN.get(key)
-    if child is None:
-        child = _VERIFY_CHILDREN[key] = VERIFY_DECISIONS.labels(
-            name, "same" if same else "different", source
-        )
-    child.inc()
-
-
-# -- model state, read at scrape time -------------------------------------------------------
-
-_STATE = {
-    "opml_model_version": "Seq of the last sample applied (the version queries answer with).",
-    "opml_logged_seq": "Seq of the last sample acknowledged (durably in the log).",
-    "opml_ingest_lag": "Samples acknowledged but not yet applied (logged_seq - version).",
-    "opml_log_entries": "Samples in the Redis log not yet covered by a checkpoint (the log is "
-    "trimmed behind each checkpoint; metric replacements not counted).",
-    "opml_classes": "Classes seen (rows of the buffer H).",
-    "opml_metric_frobenius_norm": "||L||_F of the published metric (scale-drift signal; "
-    "sqrt(d) for the identity).",
-    "opml_hinge_loss": "Mean hinge loss max(0, margin + d_pos - d_neg) (Eq. 4) of the "
-    "triplets in the calibration window (measured before each update).",
-    "opml_triplet_accuracy_ratio": "Prequential triplet accuracy of the calibration window "
-    "(share of triplets with d_pos < d_neg, measured before the update).",
-    "opml_verification_eer_ratio": "Equal error rate of the calibration window at the "
-    "calibrated threshold.",
-    "opml_verification_threshold": "Calibrated verification threshold (squared distance).",
-    "opml_verification_calibrated": "1 once the window holds enough pairs to calibrate.",
-    "opml_verification_window_pairs": "Triplet (positive, negative) pairs in the window.",
-    "opml_checkpoint_seq": "Last seq included in the latest checkpoint.",
-    "opml_model_owner": "1 while this process holds the model's lease (applies and "
-    "checkpoints it), 0 while it follows the log as a read replica.",
-    "opml_checkpoint_age_seconds": "Seconds since the latest checkpoint was written (since "
-    "the model was created if it has none), computed at scrape time.",
-}
-
-
-class ModelStateCollector(Collector):
-    """Gauges of every live model, read from its latest snapshot when Prometheus scrapes."""
-
-    def __init__(self) -> None:
-        self.source: Callable[[], Iterable[ModelRuntime]] = tuple
-
-    def describe(self) -> Iterator[Metric]:
-        yield from self._families()
-
-    def _families(self) -> list[GaugeMetricFamily]:
-        families = [GaugeMetricFamily(n, h, labels=["model"]) for n, h in _STATE.items()]
-        families.append(GaugeMetricFamily("opml_models", "Models loaded in this process."))
-        return families
-
-    def collect(self) -> Iterator[Metric]:
-        families = {f.name: f for f in self._families()}
-        runtimes = list(self.source())
-        now = time.time()
-        for rt in runtimes:
-            snap = rt.snapshot
-            cal = snap.calibration
-            logged = max(rt.logged_seq, snap.version)
-            saved_at = rt.checkpoint.at if rt.checkpoint.at is not None else rt.created_at
-            values: dict[str, float | None] = {
-                "opml_model_version": snap.version,
-                "opml_logged_seq": logged,
-                "opml_ingest_lag": logged - snap.version,
-                "opml_log_entries": logged - rt.checkpoint.seq,
-                "opml_classes": snap.classes,
-                "opml_metric_frobenius_norm": snap.frobenius_norm,
-                "opml_hinge_loss": snap.hinge_loss,
-                "opml_triplet_accuracy_ratio": cal.accuracy,
-                "opml_verification_eer_ratio": cal.eer,
-                "opml_verification_threshold": cal.threshold,
-                "opml_verification_calibrated": float(cal.calibrated),
-                "opml_verification_window_pairs": cal.pairs,
-                "opml_checkpoint_seq": rt.checkpoint.seq,
-                "opml_checkpoint_age_seconds": max(0.0, now - saved_at),
-                "opml_model_owner": float(rt.owner),
-            }
-            for metric, value in values.items():
-                if value is not None:  # no value yet (e.g. no triplet so far): no sample
-                    families[metric].add_metric([rt.name], float(value))
-        families["opml_models"].add_metric([], len(runtimes))
-        yield from families.values()
-
-
-MODEL_STATE = ModelStateCollector()
-REGISTRY.register(MODEL_STATE)
-
-
-def watch_models(source: Callable[[], Iterable[ModelRuntime]]) -> None:
-    """Scrapes read the model state from ``source`` (the service's live runtimes)."""
-    MODEL_STATE.source = source
-
-
-# -- HTTP RED ----------------------------------------------------------------------------------
-
-
-def _route_template(scope: Scope) -> str:
-    """The matched route's path template (bounded), also for answers given before routing."""
-    route = scope.get("route")
-    if route is None:
-        for candidate in scope["app"].router.routes:
-            if candidate.matches(scope)[0] != Match.NONE:
-                route = candidate
-                break
-    return str(getattr(route, "path", "unmatched"))
-
-
-class HttpMetrics:
-    """ASGI middleware: ``opml_http_request_duration_seconds`` by method, route, status.
-
-    The histogram children are kept by (method, route template, status): a bounded set (the
-    routes are fixed), and a dict hit instead of ``.labels()`` on every request.
+    >>> m = ModelMetrics("doctest-model")
+    >>> m.learning({"passive": 2})
+    >>> m.steps["passive"]._value.get()
+    2.0
+    >>> m.forget()
     """
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-        self._children: dict[tuple[str, str, int], Histogram] = {}
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.steps: dict[str, Counter] = {}
+        self.update_duration = UPDATE_DURATION.labels(name)
+        self.checkpoint_duration = CHECKPOINT_DURATION.labels(name)
+        self.checkpoints_fenced = CHECKPOINTS_FENCED.labels(name)
+        self.replayed = REPLAYED.labels(name)
+        self.backpressure_wait = BACKPRESSURE_WAIT.labels(name)
+        self.events_dropped = EVENTS_DROPPED.labels(name)
+        self.accepted = {t: SAMPLES_ACCEPTED.labels(name, t) for t in TRANSPORTS}
+        self.replays = {t: IDEMPOTENT_REPLAYS.labels(name, t) for t in TRANSPORTS}
+        self._rejected: dict[tuple[str, str], Counter] = {}
+        self._verify: dict[tuple[bool, str], Counter] = {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = 500  # an exception escaping the app becomes a 500 further out
+    def learning(self, counts: dict[str, int]) -> None:
+        """This process learns the model from now on, whose steps so far are ``counts``."""
+        self.not_learning()
+        self.steps = {outcome: STEPS.labels(self.name, outcome) for outcome in OUTCOMES}
+        self.count_steps(counts)
 
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
+    def not_learning(self) -> None:
+        """Another process learns the model: its step series are not ours to export."""
+        for outcome in self.steps:
+            STEPS.remove(self.name, outcome)
+        self.steps = {}
 
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            key = (scope["method"], _route_template(scope), int(status))
-            child = self._children.get(key)
-            if child is None:
-                child = self._children[key] = HTTP_DURATION.labels(key[0], key[1], str(key[2]))
-            child.observe(time.perf_counter() - start)
+    def count_steps(self, counts: dict[str, int]) -> None:
+        """Add a batch's steps by outcome."""
+        for outcome, n in counts.items():
+            if n:
+                self.steps[outcome].inc(n)
+
+    def rejected(self, transport: str, reason: str, samples: int) -> None:
+        """Count the samples of a refused request/frame (``reason``: the problem type)."""
+        key = (transport, reason)
+        child = self._rejected.get(key)
+        if child is None:
+            child = self._rejected[key] = SAMPLES_REJECTED.labels(self.name, transport, reason)
+        child.inc(samples)
+
+    def verify_decision(self, same: bool, source: str) -> None:
+        """Count one verify answer."""
+        key = (same, source)
+        child = self._verify.get(key)
+        if child is None:
+            child = self._verify[key] = VERIFY_DECISIONS.labels(
+                self.name, "same" if same else "different", source
+            )
+        child.inc()
+
+    def forget(self) -> None:
+        """Remove every labelled series of this model."""
+        for metric in _PER_MODEL:
+            metric.remove_by_labels({"model": self.name})
 
 
 def render() -> tuple[bytes, str]:

@@ -1,1 +1,2 @@
-"""The HTTP/WebSocket API: thin routes over :mod:`service.models`."""
+"""The HTTP/WebSocket API: parsing, thin routes over the engine (:mod:`service.engine`), and
+the presentation of its answers and errors."""

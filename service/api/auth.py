@@ -26,7 +26,9 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.errors import Forbidden, ServiceError, Unauthorized, problem_response
+from service.api.deps import extend_openapi
+from service.api.problems import problem_response
+from service.errors import Forbidden, ServiceError, Unauthorized
 from service.security import KeyRing
 from service.security import Scope as KeyScope
 
@@ -143,12 +145,8 @@ class Authenticate:
 
 def document(app: FastAPI) -> None:
     """Add the Bearer scheme and each operation's scope (``x-required-scope``) to OpenAPI."""
-    generate = app.openapi
 
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = generate()
+    def edit(schema: dict[str, Any]) -> None:
         schema.setdefault("components", {})["securitySchemes"] = {
             "apiKey": {
                 "type": "http",
@@ -166,7 +164,5 @@ def document(app: FastAPI) -> None:
                     responses = operation.setdefault("responses", {})
                     responses.setdefault("401", {"description": "No or unknown API key."})
                     responses.setdefault("403", {"description": f"Key lacks '{needed}'."})
-        app.openapi_schema = schema
-        return schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    extend_openapi(app, edit)

@@ -9,7 +9,8 @@ from __future__ import annotations
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import PayloadTooLarge, problem_response
+from service.api.problems import problem_response
+from service.errors import PayloadTooLarge
 
 
 class BodyLimit:

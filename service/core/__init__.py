@@ -6,6 +6,8 @@ Learning", Pattern Recognition 75 (2018). Equation numbers in this package are t
 * :class:`Learner` / :class:`LearnerConfig` -- the online learner the service runs.
 * :class:`OPML` / :class:`COPML` -- scikit-learn / metric-learn style estimators.
 * :class:`ThresholdCalibrator` -- online EER calibration of the verification threshold.
+* :class:`Certificate` / :class:`NotEnoughHeldOut` -- risk certificates of the served metric
+  (``Learner.certificate``; :mod:`service.core.certificates`, :mod:`service.core.holdout`).
 
 ``OPML`` and ``COPML`` are imported on first use: they pull in scikit-learn (when installed),
 which the service and the command line need not pay for at start-up.
@@ -14,6 +16,7 @@ which the service and the command line need not pay for at start-up.
 from typing import TYPE_CHECKING, Any
 
 from service.core.calibration import Calibration, ThresholdCalibrator
+from service.core.certificates import Certificate, NotEnoughHeldOut
 from service.core.learner import OUTCOMES, Learner, LearnerConfig, normalize_rows, warm_up
 from service.core.update import StepResult, StepResults
 
@@ -22,8 +25,10 @@ __all__ = [
     "OPML",
     "OUTCOMES",
     "Calibration",
+    "Certificate",
     "Learner",
     "LearnerConfig",
+    "NotEnoughHeldOut",
     "StepResult",
     "StepResults",
     "ThresholdCalibrator",

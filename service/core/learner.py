@@ -27,6 +27,8 @@ from service.core._validation import (
     label_key,
 )
 from service.core.calibration import ThresholdCalibrator
+from service.core.certificates import Certificate, Method
+from service.core.holdout import HELD_OUT, Flags, Holdout, check_flags, check_holdout_config
 from service.core.race import DEFAULT_GAMMA, Race
 from service.core.tracks import Tracks
 from service.core.update import OUTCOMES as OUTCOMES
@@ -80,7 +82,9 @@ class LearnerConfig:
     (scaled only) races a grid of step sizes during the first ``auto_warmup`` triplets and
     keeps the winner (:mod:`service.core.race`). ``normalize="l2"`` scales every input (samples
     and query vectors alike) to unit norm. Every value has a documented range
-    (:mod:`service.core.steps`); outside it, ``ValueError`` naming the argument.
+    (:mod:`service.core.steps`); outside it, ``ValueError`` naming the argument. ``holdout``,
+    ``holdout_window``, ``pac_bayes_prefix`` and ``pac_bayes_window`` configure risk
+    certificates (:mod:`service.core.holdout`).
 
     >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
     ('copml', 'scaled', 0.05)
@@ -102,6 +106,10 @@ class LearnerConfig:
     calibration_window: int = 1000
     step: steps.Step | None = None
     auto_warmup: int = 1000
+    holdout: float = 0.0
+    holdout_window: int = 5000
+    pac_bayes_prefix: int = 1000
+    pac_bayes_window: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim", check_int(self.dim, "dim", 1, MAX_DIM))
@@ -121,6 +129,10 @@ class LearnerConfig:
         object.__setattr__(self, "calibration_window", window)
         warmup = check_int(self.auto_warmup, "auto_warmup", 10, 100_000)
         object.__setattr__(self, "auto_warmup", warmup)
+        names = ("holdout", "holdout_window", "pac_bayes_prefix", "pac_bayes_window")
+        checked = check_holdout_config(*(getattr(self, name) for name in names))
+        for name, value in zip(names, checked, strict=True):
+            object.__setattr__(self, name, value)
 
 
 @dataclass
@@ -203,6 +215,8 @@ class Learner:
         self._tracks = Tracks(np.eye(d), [gamma], config.calibration_window)
         # The race copies L at the first learned sample (a PUT before it is raced from).
         self._race = Race(config.auto_warmup) if auto else None
+        #: Held-out routing, the certification reservoir, the PAC-Bayes prior and window.
+        self.holdout = Holdout(config, functools.partial(normalize_rows, how=config.normalize))
 
     # -- read-only views -------------------------------------------------------------------
 
@@ -266,7 +280,7 @@ class Learner:
 
     @property
     def version(self) -> int:
-        """Number of samples learned so far."""
+        """Number of samples so far: learned and held out."""
         return self._stats.samples_seen
 
     @property
@@ -293,24 +307,35 @@ class Learner:
 
     # -- learning --------------------------------------------------------------------------
 
-    def learn_one(self, x: Any, y: int | str) -> StepResult:
-        """Learn one labelled sample; ValueError (and no state change) on bad input."""
+    def learn_one(self, x: Any, y: int | str, holdout: bool = False) -> StepResult:
+        """Learn one labelled sample (or hold it out: ``holdout=True``, or routed so by the
+        ``holdout`` fraction); ValueError (and no state change) on bad input."""
         xs = check_vector(x, self.dim, "x")
         key = label_key(y, "y")
-        return self._learn(xs[None, :], [key])[0]
+        return self._route(xs[None, :], [key], check_flags(holdout, 1))[0]
 
-    def learn_many(self, X: Any, y: Any) -> StepResults:
+    def learn_many(self, X: Any, y: Any, holdout: Any = None) -> StepResults:
         """Learn the rows of ``X`` in order; the same final state as a :meth:`learn_one` loop.
 
-        Everything is validated before the first sample is learned, so bad input anywhere in
-        the batch changes nothing. The results are a sequence of :class:`StepResult`.
+        ``holdout``: booleans, True for rows to hold out (besides those routed by the
+        ``holdout`` fraction). Everything is validated before the first sample is learned, so
+        bad input anywhere in the batch changes nothing. The results are a sequence of
+        :class:`StepResult`.
         """
         Xs = check_matrix(X, self.dim, "X")
         labels = list(y) if not isinstance(y, str) else [y]
         if len(labels) != Xs.shape[0]:
             raise ValueError(f"y: expected {Xs.shape[0]} labels, got {len(labels)}")
         keys = [label_key(label, f"y[{i}]") for i, label in enumerate(labels)]
-        return self._learn(Xs, keys)
+        return self._route(Xs, keys, check_flags(holdout, len(keys)))
+
+    def _route(self, X: Array, keys: list[str], flags: Flags | None) -> StepResults:
+        """Held-out rows to the reservoir, the others through :meth:`_learn`."""
+        results, held = self.holdout.route(X, keys, flags, self._learn, lambda: self._tracks.L)
+        if held:
+            self._stats.samples_seen += held
+            self._stats.outcomes[HELD_OUT] += held
+        return results
 
     def _learn(self, X: Array, keys: list[str]) -> StepResults:
         """Learn validated rows: classes first (buffer rows), then the compiled loop."""
@@ -408,6 +433,15 @@ class Learner:
         """Replace ``L`` (warm start from a matrix learned elsewhere); the rest is kept."""
         self._tracks.set_metric(check_metric(L, self.dim, "L"))
         self._R = None
+
+    def certificate(
+        self, delta: float = 0.05, method: Method = "binomial", threshold: float | None = None
+    ) -> Certificate:
+        """Bounds on the triplet error, false accept and false reject rates of the current
+        metric at ``threshold`` (default: the served one), holding together with probability
+        ``>= 1 - delta`` (see :mod:`service.core.certificates`)."""
+        cal = self.calibrator.calibration()
+        return self.holdout.certificate(self._tracks.L, cal, delta, method, threshold, self.version)
 
     # -- queries on the current metric (Eqs. 1, 2) -----------------------------------------
 
@@ -511,6 +545,8 @@ class Learner:
             pairs, meta["race"] = self._race.to_state()
             if not self._race.done:
                 arrays["race_pairs"] = pairs
+        held_arrays, meta["holdout"] = self.holdout.to_state()
+        arrays.update(held_arrays)
         return arrays, meta
 
     @classmethod
@@ -563,6 +599,7 @@ class Learner:
         learner._stats.samples_seen = int(meta["samples_seen"])
         for name, count in meta["outcomes"].items():
             learner._stats.outcomes[OUTCOMES.index(name)] = int(count)
+        learner.holdout.restore(arrays, meta.get("holdout"), learner._stats.samples_seen)
         return learner
 
 

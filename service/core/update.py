@@ -105,7 +105,8 @@ SCALE_HORIZON = 1000
 #: ``triplet_update``: OPML step (Eq. 16). ``shrunk_update``: OPML step with gamma reduced to
 #: keep ``I + gamma A`` positive definite. ``passive``: hinge <= 0, ``L`` untouched.
 #: ``single_class``: OPML (no pre-stage) while one class has been seen, buffered only.
-#: ``skipped``: the step would overflow float64; ``L`` untouched.
+#: ``skipped``: the step would overflow float64; ``L`` untouched. ``held_out``: routed to the
+#: certification reservoir, not learned (:mod:`service.core.holdout`; never produced here).
 OUTCOMES = (
     "new_class",
     "pair_update",
@@ -114,6 +115,7 @@ OUTCOMES = (
     "passive",
     "single_class",
     "skipped",
+    "held_out",
 )
 NEW_CLASS, PAIR_UPDATE, TRIPLET_UPDATE, SHRUNK_UPDATE, PASSIVE, SINGLE_CLASS, SKIPPED = range(7)
 #: Outcomes of steps that formed a triplet and measured both of its distances (consecutive).

@@ -6,6 +6,13 @@ it), bound to a free loopback port, AOF on, working dir = ``OPML_DATA_DIR``. A `
 records the server's pid and port. If the service was killed with SIGKILL its redis-server
 survives; the next start finds it through that file and adopts it when it answers for this data
 dir (else terminates it), so two servers never share a data dir.
+
+Supervision: a watchdog thread waits for the server's exit (a pidfd, Linux >= 5.3: no polling,
+and it works for an adopted server too, which is not our child) and restarts it on the same dir
+and port, so the service's client reconnects by itself and the AOF brings every acknowledged
+write back; a failed restart is retried with backoff (0.1 s doubling to 5 s). While it is down
+the API answers 503 and the writers back off; each restart is logged. :meth:`EmbeddedRedis.stop`
+stops the watchdog first, then the server.
 """
 
 from __future__ import annotations
@@ -15,9 +22,11 @@ import fcntl
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import IO
@@ -89,8 +98,14 @@ class EmbeddedRedis:
         self.appendfsync = appendfsync
         self.url: str | None = None
         self.pid: int | None = None
+        self.port: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock: IO[str] | None = None
+        self._stopping = threading.Event()
+        self._watchdog: threading.Thread | None = None
+        self._wake: tuple[int, int] | None = None  # a pipe: stop() wakes the watchdog with it
+        #: How many times the watchdog restarted the server.
+        self.restarts = 0
 
     def start(self) -> str:
         """Start (or adopt) the server; return its ``redis://`` URL."""
@@ -103,8 +118,56 @@ class EmbeddedRedis:
             self._lock = None
             raise RuntimeError(f"another opml-service is using {self.data_dir}") from None
         if not self._adopt():
-            self._spawn()
+            self._spawn(free_port())
+        self._stopping.clear()
+        self._wake = os.pipe()
+        self._watchdog = threading.Thread(
+            target=self._supervise, name="redis-watchdog", daemon=True
+        )
+        self._watchdog.start()
         return self.url or ""
+
+    def _supervise(self) -> None:
+        """The watchdog: wait until the server exits, restart it on the same port (backoff)."""
+        assert self._wake is not None
+        while True:
+            pid = self.pid
+            assert pid is not None
+            try:
+                pidfd: int | None = os.pidfd_open(pid)
+            except ProcessLookupError:
+                pidfd = None  # it is already gone
+            except OSError as exc:  # no pidfd (Linux < 5.3)
+                log.error("cannot watch the embedded redis-server (%s): not supervised", exc)
+                return
+            if pidfd is not None:
+                try:
+                    select.select([pidfd, self._wake[0]], [], [])
+                finally:
+                    os.close(pidfd)
+            if self._stopping.is_set():
+                return
+            status = "?" if self._proc is None else str(self._proc.wait())  # reap our child
+            port = self.port
+            assert port is not None
+            log.error("the embedded redis-server (pid %d) exited (status %s); restarting it on "
+                      "port %d", pid, status, port)  # fmt: skip
+            delay = 0.1
+            while True:
+                try:
+                    self._spawn(port)
+                    break
+                except (RuntimeError, OSError) as exc:
+                    if self._stopping.is_set():
+                        return
+                    log.error("restarting the embedded redis-server failed (%s); again in "
+                              "%.1f s", exc, delay)  # fmt: skip
+                    if self._stopping.wait(delay):
+                        return
+                    delay = min(delay * 2, 5.0)
+            self.restarts += 1
+            log.warning("the embedded redis-server is back (pid %d; restart %d)", self.pid,
+                        self.restarts)  # fmt: skip
 
     def _adopt(self) -> bool:
         state_path = self.data_dir / STATE_FILE
@@ -124,7 +187,7 @@ class EmbeddedRedis:
             client.close()
         if ours:
             log.info("adopting the embedded redis-server left running (pid %d)", pid)
-            self.pid, self.url = pid, f"redis://127.0.0.1:{port}/0"
+            self.pid, self.port, self.url = pid, port, f"redis://127.0.0.1:{port}/0"
             return True
         log.warning("terminating a stale redis-server (pid %d) of %s", pid, self.data_dir)
         os.kill(pid, signal.SIGTERM)
@@ -133,8 +196,7 @@ class EmbeddedRedis:
             _wait_gone(pid, 5)
         return False
 
-    def _spawn(self) -> None:
-        port = free_port()
+    def _spawn(self, port: int) -> None:
         cmd = [
             redis_server_binary(),
             "--port", str(port),
@@ -154,11 +216,13 @@ class EmbeddedRedis:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self.pid, self.url = self._proc.pid, f"redis://127.0.0.1:{port}/0"
+        self.pid, self.port, self.url = self._proc.pid, port, f"redis://127.0.0.1:{port}/0"
         (self.data_dir / STATE_FILE).write_text(json.dumps({"pid": self.pid, "port": port}))
         client = redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=1)
         try:
             while True:  # a long AOF replays before PING answers; wait while the server lives
+                if self._stopping.is_set():
+                    raise RuntimeError("stopping")
                 if self._proc.poll() is not None:
                     raise RuntimeError(
                         f"redis-server exited with {self._proc.returncode}; see "
@@ -174,7 +238,16 @@ class EmbeddedRedis:
         log.info("embedded redis-server pid %d on port %d, dir %s", self.pid, port, self.data_dir)
 
     def stop(self) -> None:
-        """Shut the server down (AOF flushed) and release the data dir."""
+        """Stop the watchdog, shut the server down (AOF flushed) and release the data dir."""
+        self._stopping.set()
+        if self._watchdog is not None and self._wake is not None:
+            os.write(self._wake[1], b"x")
+            self._watchdog.join(30)  # at most one PING wait of a restart, which sees _stopping
+            self._watchdog = None
+        if self._wake is not None:
+            for fd in self._wake:
+                os.close(fd)
+            self._wake = None
         if self.pid is not None and self.url is not None:
             client = redis.Redis.from_url(self.url, socket_timeout=5, socket_connect_timeout=1)
             with contextlib.suppress(redis.RedisError):

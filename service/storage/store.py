@@ -1,4 +1,4 @@
-"""All Redis reads and writes of the service (key names from :mod:`service.keys`).
+"""All Redis reads and writes of the service (key names from :mod:`service.storage.keys`).
 
 Writes that must be atomic are Lua scripts (run with EVALSHA; redis-py reloads them after a
 server restart): appending a request's samples together with its seqs and its idempotency
@@ -9,21 +9,73 @@ first checks that the model still exists, so a write racing a DELETE never resur
 Fencing: a lease grant takes a new token from ``INCR <fence>``; the checkpoint script refuses a
 write whose token is not the latest granted, inside Redis, so a process that was paused past its
 lease (GC, SIGSTOP, a VM migration) and resumes can never overwrite a newer owner's checkpoint.
+
+Redis Cluster. ``OPML_REDIS_URL`` may name any node of a cluster: :meth:`Store.open` asks that
+node ``INFO cluster`` and, on ``cluster_enabled:1``, switches to redis-py's cluster client (same
+timeouts and retry). No script touches two slots, and the store uses no MULTI (its atomic reads are
+scripts too): every script works on one model's keys, which share the hash tag ``{name}``; the
+registry set ``opml:models`` (its own slot) is only read or written by single commands and
+non-transactional pipelines, which the cluster client splits by node. MOVED / ASK are followed
+by the client; everything the cluster client raises is a :class:`~redis.exceptions.RedisError`
+(its ``RedisClusterException`` family, e.g. "slot not covered" during a failover, becomes
+:class:`ClusterUnavailable`), so a failover is a 503 with ``Retry-After`` and recovers by
+itself.
+
+Models. A model exists if and only if its meta hash exists. The registry set is an index that
+may lag behind the metas: create writes the meta first (``_CREATE``) and then adds the name;
+delete removes every key of the model, meta included, in one ``DEL`` (atomic: one slot) and then
+the name. So a crash between the two steps leaves, at worst, a registry name without a meta (not
+a model: skipped and removed at start-up) or a meta whose name is missing from the registry
+(found at start-up by :meth:`Store.repair_registry`, and at any time by name through
+:meth:`Store.model_exists`); never a model without its meta or half of a deleted model.
+
+Replicas (``OPML_REDIS_WAIT_REPLICAS`` = n > 0). A sample or metric append is acknowledged only
+after ``WAIT n`` on the same connection as its script (so WAIT measures that very write; on a
+cluster, at the master of the model's slot) confirmed n replicas; else :class:`NotReplicated`.
+Each confirmed append then raises the model's ``confirmed`` watermark (a log id in the meta) and
+the writers read the log only up to it: an entry that is in the master alone is never applied, so
+a failover that loses it cannot leave a learner ahead of the surviving log. An append refused
+for lack of replicas stays in the master's log unapplied until a later confirmed append (its
+retry with the same idempotency key, or any other) covers it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import (
+    AskError,
+    ConnectionError,
+    NoScriptError,
+    RedisClusterException,
+    RedisError,
+)
 from redis.retry import Retry
 
-from service.keys import REGISTRY, ModelKeys
 from service.storage.codec import StreamId, encode_labels, parse_id
+from service.storage.keys import (
+    APPENDED,
+    MEMBERS,
+    META_PATTERN,
+    REGISTRY,
+    ModelKeys,
+    name_of_meta,
+)
+
+log = logging.getLogger("service.store")
+
+#: Either client: a single Redis server or a Redis Cluster.
+Client = Redis | RedisCluster
 
 _CREATE = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
@@ -32,7 +84,8 @@ return 1
 """
 
 # KEYS: meta, log, classes, idem, idem-exp
-# ARGV: now_ms, ttl_ms, max_classes, groups, then per group: idem field ('' = none), fingerprint,
+# ARGV: now_ms, ttl_ms, max_classes, groups, channel, model name (published on the channel
+#       when anything was appended), then per group: idem field ('' = none), fingerprint,
 #       n, x block, labels (JSON array), k, then its k distinct labels. Groups are appended in
 #       order, each exactly as if alone (a group commit: one script, one AOF write and fsync for
 #       requests/frames that arrived together), each as ONE log entry ``<last seq>-1`` holding
@@ -50,8 +103,9 @@ end
 local ttl = tonumber(ARGV[2])
 local max_classes = tonumber(ARGV[3])
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
+local first_seq = seq
 local out = {1}
-local p = 5
+local p = 7
 for g = 1, tonumber(ARGV[4]) do
   local field, fp, n = ARGV[p], ARGV[p + 1], tonumber(ARGV[p + 2])
   local x, y, k = ARGV[p + 3], ARGV[p + 4], tonumber(ARGV[p + 5])
@@ -86,35 +140,77 @@ for g = 1, tonumber(ARGV[4]) do
   end
 end
 redis.call('HSET', KEYS[1], 'seq', seq)
+if seq > first_seq then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return out
 """
 
-# KEYS: meta, log; ARGV: L bytes -> {0} | {1, entry id}
+# KEYS: meta, log; ARGV: L bytes, channel, model name -> {0} | {1, entry id}
 _APPEND_METRIC = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local puts = redis.call('HINCRBY', KEYS[1], 'puts', 1)
 local id = string.format('%d-%d', seq, puts + 1)
 redis.call('XADD', KEYS[2], id, 'L', ARGV[1])
+redis.call('PUBLISH', ARGV[2], ARGV[3])
 return {1, id}
 """
 
-# KEYS: meta, ckpt, buffer, log, fence
-# ARGV: meta json, L, calibration, trim min id, fencing token, applied id, time, class1, vec1, ...
-# -> 1 written | 0 no model | -1 fenced (a newer token was granted: this writer lost its lease)
-_CHECKPOINT = """
+# KEYS: meta; ARGV: seq, part of a log id confirmed by replicas, channel, model name
+# -> 0 no model | 1 (publishes the name when the watermark rose: the owner reads that far now)
+# Raises the model's ``confirmed`` watermark to that id (never lowers it: appends confirmed out of
+# order by several processes each cover every entry logged before them).
+_CONFIRM = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-if redis.call('GET', KEYS[5]) ~= ARGV[5] then return -1 end
-redis.call('DEL', KEYS[3])
-for i = 8, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], 'meta', ARGV[1], 'L', ARGV[2], 'calibration', ARGV[3],
-           'applied', ARGV[6], 'time', ARGV[7])
-redis.call('XTRIM', KEYS[4], 'MINID', ARGV[4])
+local s, k = tonumber(ARGV[1]), tonumber(ARGV[2])
+local cur = redis.call('HGET', KEYS[1], 'confirmed')
+if cur then
+  local cs, ck = string.match(cur, '^(%d+)-(%d+)$')
+  cs, ck = tonumber(cs), tonumber(ck)
+  if cs > s or (cs == s and ck >= k) then return 1 end
+end
+redis.call('HSET', KEYS[1], 'confirmed', string.format('%d-%d', s, k))
+redis.call('PUBLISH', ARGV[3], ARGV[4])
 return 1
 """
 
+# KEYS: meta, ckpt, buffer, log, fence
+# ARGV: trim min id, fencing token, n, then n ckpt field/value pairs, then buffer class/vector
+#       pairs (the fields: service.storage.checkpoint)
+# -> 1 written | 0 no model | -1 fenced (a newer token was granted: this writer lost its lease)
+_CHECKPOINT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('GET', KEYS[5]) ~= ARGV[2] then return -1 end
+local n = tonumber(ARGV[3])
+redis.call('DEL', KEYS[2])
+for i = 4, 3 + 2 * n, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+redis.call('DEL', KEYS[3])
+for i = 4 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+redis.call('XTRIM', KEYS[4], 'MINID', ARGV[1])
+return 1
+"""
+
+# KEYS: members; ARGV: member id, info JSON, ttl ms -> flat list of the live members' id, info
+# (our heartbeat, and expired members removed, with the server's clock: no skew between hosts)
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('HSET', KEYS[1], ARGV[1], string.format('%d %s', now + tonumber(ARGV[3]), ARGV[2]))
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local expiry, info = string.match(all[i + 1], '^(%d+) (.*)$')
+  if tonumber(expiry) < now then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    out[#out + 1] = all[i]
+    out[#out + 1] = info
+  end
+end
+return out
+"""
+
 # KEYS: lease, fence, meta; ARGV: owner id, ttl ms, created_at, held token ('' = none)
+# (member ids are the processes' advertised URLs: no two live processes share one)
 # -> {0} no such model (or another incarnation) | {1, token} held by us | {2, token} by another
 _CLAIM = """
 if redis.call('HGET', KEYS[3], 'created_at') ~= ARGV[3] then return {0} end
@@ -124,11 +220,39 @@ if cur then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(ARGV[4])}
   end
-  return {2, tonumber(string.match(cur, '^(%d+)'))}
+  local token, holder = string.match(cur, '^(%d+) (.*)$')
+  if ARGV[4] ~= '' or holder ~= ARGV[1] then return {2, tonumber(token)} end
+  -- held under our own member id but not by us: a previous incarnation of this process (one
+  -- address), which is dead: taken anew, with a new fencing token
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], token .. ' ' .. ARGV[1], 'PX', ARGV[2])
 return {1, token}
+"""
+
+# The two reads below are scripts rather than MULTI: atomic on a single server and in a cluster
+# alike (redis-py's asyncio cluster client runs each command queued in a MULTI in a thread of its
+# own with a new event loop, blocking the service's loop: measured at 1.6 ms per log read), in one
+# round trip; the Lua copy of the log entries costs about what MULTI's reply does.
+
+# KEYS: log, ckpt, meta; ARGV: min id, count, the reader's applied seq
+# -> {entries as XRANGE gives them, {ckpt applied, ckpt time}, meta confirmed (or nil)}
+# Also publishes the reader's applied seq in meta (the owner's progress, read by the admission
+# control of other processes) if it moved and the model still exists: an idle writer's reads
+# write nothing, so they cost no AOF write.
+_READ_TAIL = """
+local was = redis.call('HGET', KEYS[3], 'applied')
+if was ~= ARGV[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HSET', KEYS[3], 'applied', ARGV[3])
+end
+return {redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2]),
+        redis.call('HMGET', KEYS[2], 'applied', 'time'),
+        redis.call('HGET', KEYS[3], 'confirmed')}
+"""
+
+# KEYS: ckpt, buffer -> {ckpt field, value, ...}, {buffer class, vector, ...}
+_READ_CHECKPOINT = """
+return {redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}
 """
 
 # KEYS: lease; ARGV: "<token> <owner id>" -> 1 released | 0 not ours
@@ -180,6 +304,16 @@ class NoSuchModel(Exception):
     """The model's keys are gone (deleted)."""
 
 
+class ClusterUnavailable(ConnectionError):
+    """The cluster client could not serve a command (no reachable node, a slot not covered
+    during a failover, ...): redis-py raises these outside the RedisError family."""
+
+
+class NotReplicated(RedisError):
+    """An append is in the master but fewer replicas than ``OPML_REDIS_WAIT_REPLICAS``
+    confirmed it in time (nothing of it is applied until a confirmed append covers it)."""
+
+
 class TooManyClasses(Exception):
     """Appending would exceed the classes-per-model limit; ``have`` classes exist."""
 
@@ -188,14 +322,13 @@ class TooManyClasses(Exception):
         self.have = have
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint as read back: JSON meta, ``L`` / calibration bytes, buffer H rows."""
+def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
+    """A hash or stream entry as a script returns it (field, value, field, value, ...).
 
-    meta: dict[str, Any]
-    L: bytes
-    calibration: bytes
-    buffer: dict[str, bytes]
+    >>> _pairs([b"n", b"1", b"y", b"[]"])
+    {b'n': b'1', b'y': b'[]'}
+    """
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def redacted_url(url: str) -> str:
@@ -212,33 +345,154 @@ def redacted_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+def _client_options(timeout_s: float) -> dict[str, Any]:
+    """The options of both clients: every call bounded by ``timeout_s``; one quick retry
+    (a stale socket, or the cluster client re-reading the slot map after a failover)."""
+    return {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": timeout_s,
+        "retry": Retry(NoBackoff(), 1),
+        "health_check_interval": 10,
+    }
+
+
 def connect(url: str, timeout_s: float) -> Redis:
-    """A client whose every call is bounded by ``timeout_s``; one quick retry (stale socket).
+    """A client of the single Redis server at ``url`` (see :func:`_client_options`).
 
     Credentials and TLS come with the URL: ``redis://user:password@host:6379/0``, or
     ``rediss://...`` for TLS (query options such as ``ssl_cert_reqs``, ``ssl_ca_certs``).
     """
-    client: Redis = Redis.from_url(
-        url,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1),
-        health_check_interval=10,
-    )
+    client: Redis = Redis.from_url(url, **_client_options(timeout_s))
+    return client
+
+
+class _ClusterPipeline(ClusterPipeline):
+    """redis-py's cluster pipeline whose failures are all RedisErrors (see _Cluster)."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        try:
+            return await super().execute(raise_on_error, allow_redirections)
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+
+
+class _Cluster(RedisCluster):
+    """redis-py's asyncio cluster client, except that its ``RedisClusterException`` family
+    (not a RedisError: e.g. no reachable node, a slot not covered while a failover is under way)
+    is raised as :class:`ClusterUnavailable`, so every caller's ``except RedisError`` (503 +
+    Retry-After, writer and loader backoff) covers the cluster's failures too."""
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        try:
+            return await super().initialize(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:
+            raise ValueError("shard_hint: not supported by the cluster client")
+        # redis-py's typing marks an attribute of its pipeline abstract that only its client
+        # class sets; redis-py builds ClusterPipeline(self, transaction) exactly like this.
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]
+
+
+def connect_cluster(url: str, timeout_s: float) -> RedisCluster:
+    """A client of the Redis Cluster that the node at ``url`` belongs to (it finds the other
+    nodes itself; same options as :func:`connect`)."""
+    try:
+        client: RedisCluster = _Cluster.from_url(url, **_client_options(timeout_s))
+    except RedisClusterException as exc:  # e.g. a database other than 0 in the URL
+        raise ClusterUnavailable(f"OPML_REDIS_URL names a cluster node: {exc}") from exc
     return client
 
 
 class Store:
-    """The service's view of Redis (bytes in, bytes out)."""
+    """The service's view of Redis (bytes in, bytes out), on one server or a Redis Cluster.
 
-    def __init__(self, client: Redis) -> None:
-        self.client = client
+    ``wait_replicas`` > 0: appends are acknowledged only once that many replicas confirmed them
+    (``WAIT``, at most ``wait_timeout_ms``), and the log is read only up to the confirmed
+    watermark (see the module docstring).
+
+    >>> store = Store(connect("redis://127.0.0.1:1/0", 1.0), wait_replicas=1)
+    >>> store.cluster, store.wait_replicas
+    (False, 1)
+    """
+
+    def __init__(
+        self, client: Client, *, wait_replicas: int = 0, wait_timeout_ms: int = 1000
+    ) -> None:
+        if wait_replicas < 0:
+            raise ValueError(f"wait_replicas: must be >= 0, not {wait_replicas}")
+        self.client: Client = client
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        #: (url, timeout) while :meth:`open` has not yet asked the server whether it is a cluster.
+        self._pending: tuple[str, float] | None = None
+        self._opening = asyncio.Lock()
+        self._register_scripts()
+
+    @classmethod
+    def connect(cls, url: str, timeout_s: float, *, wait_replicas: int = 0) -> Store:
+        """A store for ``url``; :meth:`open` finds out whether it names a cluster node. Nothing
+        is sent before (so the service starts, and says it is not ready, while Redis is down).
+        The WAIT timeout is half of ``timeout_s``: the WAIT's answer is always read well within
+        the socket timeout."""
+        store = cls(
+            connect(url, timeout_s),
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=max(1, int(timeout_s * 500)),
+        )
+        store._pending = (url, timeout_s)
+        return store
+
+    def _register_scripts(self) -> None:
+        client = self.client
         self._create = client.register_script(_CREATE)
         self._append = client.register_script(_APPEND)
         self._append_metric = client.register_script(_APPEND_METRIC)
+        self._confirm = client.register_script(_CONFIRM)
         self._checkpoint = client.register_script(_CHECKPOINT)
         self._claim = client.register_script(_CLAIM)
         self._release = client.register_script(_RELEASE)
+        self._read_tail = client.register_script(_READ_TAIL)
+        self._read_checkpoint = client.register_script(_READ_CHECKPOINT)
+        self._heartbeat = client.register_script(_HEARTBEAT)
+
+    @property
+    def cluster(self) -> bool:
+        """Whether the client is the Redis Cluster client."""
+        return isinstance(self.client, RedisCluster)
+
+    async def open(self) -> None:
+        """Ask the node the URL names whether it is part of a cluster (``INFO cluster``) and,
+        if so, switch to the cluster client. Once; a RedisError while Redis is unreachable (the
+        caller retries). A store made from a client is open from the start."""
+        async with self._opening:
+            if self._pending is None:
+                return
+            url, timeout_s = self._pending
+            info = await self.client.info("cluster")
+            if int(info.get("cluster_enabled", 0)):
+                cluster = connect_cluster(url, timeout_s)
+                try:
+                    await cluster.initialize()
+                except BaseException:
+                    await cluster.aclose()
+                    raise
+                standalone, self.client = self.client, cluster
+                self._register_scripts()
+                await standalone.aclose()
+                log.info("Redis Cluster: %d master(s)", len(cluster.get_primaries()))
+            self._pending = None
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
 
     async def ping(self) -> None:
         await self.client.ping()
@@ -250,15 +504,50 @@ class Store:
     # -- models ----------------------------------------------------------------------------
 
     async def create_model(self, name: str, config: dict[str, Any], created_at: float) -> bool:
-        """Create the model's meta hash; False if it exists."""
-        await self.client.sadd(REGISTRY, name)
+        """Create the model (its meta hash), then index it in the registry; False if it
+        exists. A failure between the two leaves a model missing from the index, which
+        :meth:`repair_registry` and :meth:`model_exists` find."""
         keys = ModelKeys(name)
         done = await self._create(keys=[keys.meta], args=[json.dumps(config), repr(created_at)])
+        if done:
+            await self.client.sadd(REGISTRY, name)
         return bool(done)
 
+    async def model_exists(self, name: str) -> bool:
+        """Whether the model exists (its meta does), whatever the registry says: one EXISTS."""
+        return bool(await self.client.exists(ModelKeys(name).meta))
+
     async def model_names(self) -> list[str]:
+        """The registry: every model's name, and possibly a few names whose create or delete
+        did not finish (their meta is missing: not models)."""
         names = cast(set[bytes], await self.client.smembers(REGISTRY))
         return sorted(n.decode() for n in names)
+
+    async def repair_registry(self) -> list[str]:
+        """Make the registry list exactly the models (start-up): remove names without a meta,
+        add metas whose name is missing; log each repair; return the models' names.
+
+        Metas are found with ``SCAN MATCH opml:{*}:meta`` on every master (the cluster client
+        scans each one): O(keys) once per start, the price of an index that may lag behind."""
+        registered = set(await self.model_names())
+        metas = {name_of_meta(key) async for key in self.client.scan_iter(META_PATTERN, 1000)}
+        for name in sorted(metas - registered):
+            log.warning("model %r was missing from the registry (a create that did not "
+                        "finish); added", name)  # fmt: skip
+            await self.client.sadd(REGISTRY, name)
+        dangling = sorted(registered - metas)
+        if dangling:
+            await self.client.srem(REGISTRY, *dangling)
+            # A create of that name may be under way: its meta written after our SCAN and its
+            # name added before our SREM. Look again after the SREM and put such names back.
+            for name in dangling:
+                if await self.model_exists(name):
+                    await self.client.sadd(REGISTRY, name)
+                    metas.add(name)
+                else:
+                    log.warning("registry name %r has no model (a create or delete that did "
+                                "not finish); removed", name)  # fmt: skip
+        return sorted(metas)
 
     async def model_meta(self, name: str) -> dict[str, str] | None:
         raw = cast(dict[bytes, bytes], await self.client.hgetall(ModelKeys(name).meta))
@@ -273,13 +562,70 @@ class Store:
         return {n: None if s is None else s.decode() for n, s in zip(names, stamps, strict=True)}
 
     async def delete_model(self, name: str) -> None:
-        """Remove every key of the model, then its registry entry."""
+        """Remove every key of the model in one DEL (atomic: they share one slot; the model
+        stops existing with its meta), then its registry entry."""
         await self.client.delete(*ModelKeys(name).all())
         await self.client.srem(REGISTRY, name)
 
     async def logged_seq(self, name: str) -> int:
+        """The last seq the writers may apply: the last assigned one, or with replicas awaited
+        the last confirmed one."""
+        if self.wait_replicas:
+            raw = await self.client.hget(ModelKeys(name).meta, "confirmed")
+            return 0 if raw is None else parse_id(raw)[0]
         raw = await self.client.hget(ModelKeys(name).meta, "seq")
         return int(raw) if raw is not None else 0
+
+    # -- replicas --------------------------------------------------------------------------------
+
+    async def _run_replicated(self, script: AsyncScript, keys: list[str], args: list[Any]) -> Any:
+        """Run ``script``; with replicas awaited, send ``WAIT n timeout`` after it on the same
+        connection (WAIT counts the replicas that have that connection's latest write; on a
+        cluster both go to the master of the keys' slot). :class:`NotReplicated` if fewer."""
+        if not self.wait_replicas:
+            return await script(keys=keys, args=args)
+        client = self.client
+        for _ in range(3):
+            evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
+            wait = ("WAIT", self.wait_replicas, self.wait_timeout_ms)
+            if isinstance(client, RedisCluster):
+                await client.initialize()
+                master = client.get_node_from_key(keys[0])
+                cluster_pipe = client.pipeline(transaction=False)
+                cluster_pipe.execute_command(*evalsha, target_nodes=master)
+                cluster_pipe.execute_command(*wait, target_nodes=master)
+                # a redirect is handled below: followed alone, the script would leave the WAIT
+                out, acks = await cluster_pipe.execute(
+                    raise_on_error=False, allow_redirections=False
+                )
+            else:
+                pipe = client.pipeline(transaction=False)
+                pipe.execute_command(*evalsha)
+                pipe.execute_command(*wait)
+                out, acks = await pipe.execute(raise_on_error=False)
+            if isinstance(out, NoScriptError):  # a restarted or newly promoted server
+                await client.script_load(script.script)
+                continue
+            if isinstance(out, AskError):  # MOVED (or ASK: a slot being migrated)
+                # One keyed command through the client's own redirect handling teaches it
+                # where the slot is now; then run the pair again at the right master.
+                await client.exists(keys[0])
+                continue
+            for result in (out, acks):
+                if isinstance(result, Exception):
+                    raise result
+            if int(acks) < self.wait_replicas:
+                raise NotReplicated(
+                    f"Redis replicas: {int(acks)} of {self.wait_replicas} confirmed the write "
+                    f"within {self.wait_timeout_ms} ms (OPML_REDIS_WAIT_REPLICAS); it is not "
+                    "acknowledged: retry with the same Idempotency-Key / frame id"
+                )
+            return out
+        raise ClusterUnavailable(f"the slot of {keys[0]} is moving between masters; retry")
+
+    async def _confirmed(self, name: str, entry: StreamId) -> None:
+        """Replicas have every log entry up to ``entry``: let the writers read that far."""
+        await self._confirm(keys=[ModelKeys(name).meta], args=[*entry, APPENDED, name])
 
     # -- the log -----------------------------------------------------------------------------
 
@@ -287,18 +633,23 @@ class Store:
         self, name: str, groups: list[Group], *, now_ms: int, ttl_ms: int, max_classes: int
     ) -> list[Appended | TooManyClasses]:
         """Append several groups in order in one script (:class:`NoSuchModel` if the model is
-        gone); each group's outcome is its own: appended, replayed, or over the class limit."""
+        gone); each group's outcome is its own: appended, replayed, or over the class limit.
+        With replicas awaited, :class:`NotReplicated` fails them all (see the module
+        docstring)."""
         keys = ModelKeys(name)
-        args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups)]
+        # With replicas awaited the owner is woken by the confirmation instead (_CONFIRM).
+        channel = "" if self.wait_replicas else APPENDED
+        args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups), channel, name]
         for group in groups:
             if not group.keys:
                 raise ValueError("groups: a group has at least one sample")
             distinct = list(dict.fromkeys(group.keys))
             args += [group.idempotency_field, group.fingerprint, len(group.keys), group.x,
                      encode_labels(group.keys), len(distinct), *distinct]  # fmt: skip
-        out = await self._append(
-            keys=[keys.meta, keys.log, keys.classes, keys.idempotency, keys.idempotency_expiry],
-            args=args,
+        out = await self._run_replicated(
+            self._append,
+            [keys.meta, keys.log, keys.classes, keys.idempotency, keys.idempotency_expiry],
+            args,
         )
         if int(out[0]) == 0:
             raise NoSuchModel(name)
@@ -312,27 +663,41 @@ class Store:
                 results.append(Appended(int(first), int(last), replayed=True, fingerprint=fp))
             else:
                 results.append(Appended(int(r[1]), int(r[2]), fingerprint=group.fingerprint))
+        if self.wait_replicas:
+            last = max((r.last_seq for r in results if isinstance(r, Appended)), default=0)
+            if last:  # a replay's entries were logged before the WAIT's write: covered too
+                await self._confirmed(name, (last, 1))
         return results
 
     async def append_metric(self, name: str, L: bytes) -> StreamId:
         keys = ModelKeys(name)
-        out = await self._append_metric(keys=[keys.meta, keys.log], args=[L])
+        channel = "" if self.wait_replicas else APPENDED
+        out = await self._run_replicated(
+            self._append_metric, [keys.meta, keys.log], [L, channel, name]
+        )
         if int(out[0]) == 0:
             raise NoSuchModel(name)
-        return parse_id(out[1])
+        entry = parse_id(out[1])
+        if self.wait_replicas:
+            await self._confirmed(name, entry)
+        return entry
 
-    async def read_tail(self, name: str, after: str, count: int) -> Tail:
-        """Up to ``count`` entries (one or more samples each) with ids >= ``after``, and the
-        checkpoint's position, read in one transaction: if the checkpoint is past ``after``
-        the log before it is trimmed."""
+    async def read_tail(self, name: str, after: str, count: int, *, applied: int) -> Tail:
+        """Up to ``count`` entries (one or more samples each) with ids >= ``after`` (with
+        replicas awaited: up to the confirmed watermark), and the checkpoint's position, read
+        atomically: if the checkpoint is past ``after`` the log before it is trimmed. Publishes
+        the reader's ``applied`` seq too (see ``_READ_TAIL``)."""
         keys = ModelKeys(name)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hmget(keys.checkpoint, ["applied", "time"])
-            pipe.xrange(keys.log, min=after, count=count)
-            (applied, at), entries = await pipe.execute()
+        entries, (ckpt_applied, at), confirmed = await self._read_tail(
+            keys=[keys.log, keys.checkpoint, keys.meta], args=[after, count, applied]
+        )
+        tail = [(parse_id(entry_id), _pairs(flat)) for entry_id, flat in entries]
+        if self.wait_replicas:  # only what replicas confirmed (see the module docstring)
+            limit = (0, 0) if confirmed is None else parse_id(confirmed)
+            tail = [(entry_id, fields) for entry_id, fields in tail if entry_id <= limit]
         return Tail(
-            entries=[(parse_id(entry_id), fields) for entry_id, fields in entries],
-            checkpoint_applied=None if applied is None else parse_id(applied),
+            entries=tail,
+            checkpoint_applied=None if ckpt_applied is None else parse_id(ckpt_applied),
             checkpoint_time=None if at is None else float(at),
         )
 
@@ -341,24 +706,19 @@ class Store:
     async def write_checkpoint(
         self,
         name: str,
-        meta: dict[str, Any],
-        L: bytes,
-        calibration: bytes,
-        buffer: list[tuple[str, bytes]],
-        trim_min_id: str,
+        ckpt: dict[str, bytes],
+        buffer: dict[str, bytes],
         *,
+        trim_min_id: str,
         fencing_token: int,
-        applied: str,
-        time: float,
     ) -> bool:
-        """Replace the checkpoint and H, and trim the log before ``trim_min_id``, atomically;
-        False if the model is gone, :class:`Fenced` if ``fencing_token`` is not the latest."""
+        """Replace the checkpoint and H (:mod:`service.storage.checkpoint` fields) and trim the
+        log before ``trim_min_id``, atomically; False if the model is gone, :class:`Fenced` if
+        ``fencing_token`` is not the latest granted."""
         keys = ModelKeys(name)
-        args: list[Any] = [
-            json.dumps(meta), L, calibration, trim_min_id, fencing_token, applied, repr(time)
-        ]  # fmt: skip
-        for label, row in buffer:
-            args += [label, row]
+        args: list[Any] = [trim_min_id, fencing_token, len(ckpt)]
+        for pair in (*ckpt.items(), *buffer.items()):
+            args += pair
         done = int(
             await self._checkpoint(
                 keys=[keys.meta, keys.checkpoint, keys.buffer, keys.log, keys.fence], args=args
@@ -391,17 +751,44 @@ class Store:
     async def release_lease(self, name: str, owner: str, token: int) -> bool:
         return bool(await self._release(keys=[ModelKeys(name).lease], args=[f"{token} {owner}"]))
 
-    async def read_checkpoint(self, name: str) -> Checkpoint | None:
+    async def lease_holder(self, name: str) -> str | None:
+        """The member id of the process holding the model's lease (None: nobody)."""
+        raw = cast(bytes | None, await self.client.get(ModelKeys(name).lease))
+        return None if raw is None else raw.decode().split(" ", 1)[1]
+
+    # -- progress and membership -------------------------------------------------------------
+
+    async def progress(self, name: str) -> tuple[int, int]:
+        """(last logged seq, the owner's last published applied seq) of a model."""
+        seq, applied = await self.client.hmget(ModelKeys(name).meta, ["seq", "applied"])
+        return int(seq or 0), int(applied or 0)
+
+    async def heartbeat(self, member: str, info: str, ttl_ms: int) -> dict[str, str]:
+        """Announce ``member`` (``info``: its JSON) for ``ttl_ms``; the live members' infos."""
+        flat = await self._heartbeat(keys=[MEMBERS], args=[member, info, ttl_ms])
+        return {flat[i].decode(): flat[i + 1].decode() for i in range(0, len(flat), 2)}
+
+    async def leave(self, member: str) -> None:
+        """``member`` stops (a graceful shutdown): the others need not wait for its expiry."""
+        await self.client.hdel(MEMBERS, member)
+
+    async def notify(self, name: str) -> None:
+        """Announce on :data:`~service.storage.keys.APPENDED` that model ``name`` needs its
+        owner's attention (it was released: the process that should own it takes it now)."""
+        await self.client.publish(APPENDED, name)
+
+    def appends(self) -> PubSub:
+        """A pub/sub subscription object for :data:`~service.storage.keys.APPENDED` (each
+        message: the name of a model whose log just grew)."""
+        return self.client.pubsub()
+
+    async def read_checkpoint(self, name: str) -> tuple[dict[str, bytes], dict[str, bytes]] | None:
+        """The ``ckpt`` and ``buffer`` hash fields, read together (None: no checkpoint yet)."""
         keys = ModelKeys(name)
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hgetall(keys.checkpoint)
-            pipe.hgetall(keys.buffer)
-            ckpt, buffer = await pipe.execute()
+        ckpt, buffer = await self._read_checkpoint(keys=[keys.checkpoint, keys.buffer])
         if not ckpt:
             return None
-        return Checkpoint(
-            meta=json.loads(ckpt[b"meta"]),
-            L=ckpt[b"L"],
-            calibration=ckpt[b"calibration"],
-            buffer={k.decode(): v for k, v in buffer.items()},
+        return (
+            {k.decode(): v for k, v in _pairs(ckpt).items()},
+            {k.decode(): v for k, v in _pairs(buffer).items()},
         )

@@ -1,14 +1,22 @@
 """Fixtures of the SDK/CLI tests: the service tests' real Redis + service subprocess, an SDK
-client on it, and a TCP proxy whose connections a test can cut (the server side of a stream
-closing mid-way)."""
+client on it, a TCP proxy whose connections a test can cut (the server side of a stream
+closing mid-way), :func:`opml`, the command line run as a subprocess, and :func:`served`, an
+``opml serve`` of its own."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
 from clients import OPMLClient, RetryPolicy
@@ -16,6 +24,63 @@ from tests.service.conftest import name, redis_url, service
 from tests.service.support import ServiceProcess
 
 __all__ = ["name", "redis_url", "service"]
+
+OPML = str(Path(sys.executable).with_name("opml"))
+
+
+def opml(
+    service: ServiceProcess, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``opml --url <service> *args``, ``env`` added to this process's environment."""
+    return subprocess.run(
+        [OPML, "--url", service.url, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=None if env is None else {**os.environ, **env},
+    )
+
+
+class Served:
+    """``opml serve *options`` as a subprocess (no ``OPML_*`` variable inherited), ready; its
+    log (standard error) goes to ``log``."""
+
+    def __init__(self, url: str, log: Path, *options: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OPML_")}
+        self.log = log
+        with log.open("ab") as sink:
+            self.proc = subprocess.Popen(
+                [OPML, "serve", *options], env=env, stdout=subprocess.DEVNULL, stderr=sink
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.stop()
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise TimeoutError(f"opml serve did not become ready: {self.stop()}")
+
+    def stop(self) -> str:
+        """SIGTERM (once), wait, and what the service logged."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.log.read_text(errors="replace")
+
+
+@contextlib.contextmanager
+def served(url: str, log: Path, *options: str) -> Iterator[Served]:
+    proc = Served(url, log, *options)
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
 
 #: Quick retries: tests wait for the real service, never for a long backoff.
 FAST_RETRY = RetryPolicy(attempts=8, base_delay_s=0.01, max_delay_s=0.2)

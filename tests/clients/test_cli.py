@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
-import signal
+import pty
+import socket
 import subprocess
-import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import numpy as np
+import pytest
+import redis
 
 from clients import OPMLClient
+from clients.cli import build_parser
+from tests.clients.conftest import OPML, opml, served
 from tests.service.support import ServiceProcess, core_learner, free_port, stream
-
-OPML = str(Path(sys.executable).with_name("opml"))
-
-
-def opml(service: ServiceProcess, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [OPML, "--url", service.url, *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def ok_json(service: ServiceProcess, *args: str) -> Any:
@@ -131,6 +128,11 @@ def test_queries_export_and_events(
     np.testing.assert_array_equal(many["distances"], client.distances(name, X[0], X[1:3]).distances)
     v = ok_json(service, "verify", name, f"--a={a}", f"--b={b}", "--threshold", "0")
     assert (v["same"], v["threshold"], v["version"]) == (False, 0.0, 80)
+    said = opml(service, "verify", name, f"--a={a}", f"--b={b}", "--threshold", "0.5").stdout
+    assert said.endswith("vs threshold 0.5 (caller, version 80)\n"), said
+    own = ok_json(service, "verify", name, f"--a={a}", f"--b={b}")  # the model's threshold
+    said = opml(service, "verify", name, f"--a={a}", f"--b={b}").stdout
+    assert f"({own['threshold_source']}, version 80)" in said and "caller" not in said
 
     L = client.metric(name)
     out = tmp_path / "L.npy"
@@ -154,32 +156,102 @@ def test_unreachable_service_exits_6() -> None:
     assert done.returncode == 6 and "opml:" in done.stderr
 
 
+def test_a_refused_connection_names_the_url() -> None:
+    """A refused connect says where it tried (retries or not: a refused connect fails at once,
+    the SDK's attempts are counted in test_refusals.py)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))  # bound, not listening: refused
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+        done = subprocess.run(
+            [OPML, "--url", url, "--retries", "5", "models", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert done.returncode == 6
+    assert (
+        done.stderr == f"opml: cannot connect to {url}/v1/models: [Errno 111] Connection refused\n"
+    )
+
+
+def test_ingest_of_the_wrong_width_is_refused_before_streaming(
+    service: ServiceProcess, client: OPMLClient, name: str, tmp_path: Path
+) -> None:
+    client.create_model(name, 3)
+    path = tmp_path / "wide.csv"
+    path.write_text("".join(f"{i},1,2,3,c{i % 2}\n" for i in range(300)))  # 4 features + label
+    done = opml(service, "ingest", str(path), "--model", name)
+    assert done.returncode == 5
+    assert done.stderr == f"opml: {path}: the file has 4 features, model {name} has dim 3\n"
+    assert client.get_model(name).raw["logged_seq"] == 0
+
+
+def test_npy_export_refuses_a_terminal(
+    service: ServiceProcess, client: OPMLClient, name: str
+) -> None:
+    """Raw .npy bytes are not written to a terminal; JSON may be printed there."""
+    client.create_model(name, 2)
+
+    def on_a_terminal(*args: str) -> tuple[int, str, str]:
+        """Exit code, standard error, and what the terminal (standard output) showed."""
+        leader, follower = pty.openpty()
+        try:
+            done = subprocess.run(
+                [OPML, "--url", service.url, "metric", "export", name, *args],
+                stdout=follower,
+                stderr=subprocess.PIPE,
+                text=True,
+                timeout=60,
+            )
+            os.close(follower)
+            shown = b""
+            with contextlib.suppress(OSError):  # EIO once all the terminal's output is read
+                while chunk := os.read(leader, 65536):
+                    shown += chunk
+        finally:
+            os.close(leader)
+        return done.returncode, done.stderr, shown.decode(errors="replace")
+
+    code, error, shown = on_a_terminal()
+    assert (code, shown) == (2, "")
+    assert "-o FILE or redirect standard output" in error
+    code, error, shown = on_a_terminal("--format", "json")
+    assert (code, error) == (0, "")
+    assert json.loads(shown) == {"L": [[1.0, 0.0], [0.0, 1.0]], "version": 0}
+
+
+def _options(parser: argparse.ArgumentParser, path: str = "opml") -> Iterator[tuple[str, Any]]:
+    """Every (command path, action) of the parser tree, help actions left out."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command, child in action.choices.items():
+                yield from _options(child, f"{path} {command}")
+        elif not isinstance(action, argparse._HelpAction):
+            yield path, action
+
+
+def test_every_option_has_help_and_serve_has_only_its_own() -> None:
+    options = list(_options(build_parser()))
+    assert len(options) > 40
+    missing = [(path, action.dest) for path, action in options if not action.help]
+    assert missing == []
+    serve = {a.dest for path, a in options if path == "opml serve"}
+    assert serve == {"host", "port", "data_dir", "redis_url", "log_level"}
+    shown = subprocess.run([OPML, "serve", "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and "--port" in shown.stdout
+    for client_only in ("--url", "--json", "--timeout", "--retries"):
+        assert client_only not in shown.stdout
+
+
 def test_serve_runs_the_service_on_its_embedded_redis(tmp_path: Path) -> None:
-    """``opml serve`` (the Quickstart's service, without dev.py) serves and keeps its data."""
+    """``opml serve --port P --data-dir D`` (the Quickstart's service, without dev.py) answers
+    on P, keeps its data in D, and stops its embedded Redis with it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [OPML, "serve", "--port", str(port), "--data-dir", str(tmp_path / "data")]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OPML_")}
-
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    return proc
-            time.sleep(0.1)
-        proc.kill()
-        raise TimeoutError("opml serve did not become ready")
-
-    def stop(proc: subprocess.Popen[bytes]) -> None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-
-    proc = start()
-    redis_pid = json.loads((tmp_path / "data" / "redis.json").read_text())["pid"]
-    try:
+    options = ("--port", str(port), "--data-dir", str(tmp_path / "data"))
+    with served(url, tmp_path / "first.log", *options) as first:
+        assert httpx.get(url + "/livez", timeout=10).json()["status"] == "ok"
+        redis_pid = json.loads((tmp_path / "data" / "redis.json").read_text())["pid"]
         created = subprocess.run(
             [OPML, "--url", url, "models", "create", "kept", "--dim", "2", "--json"],
             capture_output=True,
@@ -187,11 +259,9 @@ def test_serve_runs_the_service_on_its_embedded_redis(tmp_path: Path) -> None:
             timeout=60,
         )
         assert created.returncode == 0, created.stderr
-    finally:
-        stop(proc)
+    assert "authentication OFF" in first.stop()  # the default log level (info) shows warnings
     assert not Path(f"/proc/{redis_pid}").exists()  # its embedded redis-server stopped too
-    proc = start()
-    try:
+    with served(url, tmp_path / "second.log", *options):
         listed = subprocess.run(
             [OPML, "--url", url, "models", "list", "--json"],
             capture_output=True,
@@ -199,5 +269,24 @@ def test_serve_runs_the_service_on_its_embedded_redis(tmp_path: Path) -> None:
             timeout=60,
         )
         assert [m["name"] for m in json.loads(listed.stdout)["models"]] == ["kept"]
-    finally:
-        stop(proc)
+
+
+def test_serve_passes_host_redis_url_and_log_level(
+    redis_url: str, tmp_path: Path, name: str
+) -> None:
+    """Each option reaches the service: it binds --host (not 127.0.0.1), keeps its models in
+    --redis-url (no embedded Redis in --data-dir) and logs at --log-level."""
+    port = free_port()
+    url = f"http://127.0.0.2:{port}"
+    data = tmp_path / "data"
+    options = ["--host", "127.0.0.2", "--port", str(port), "--data-dir", str(data)]
+    options += ["--redis-url", redis_url, "--log-level", "error"]
+    with served(url, tmp_path / "serve.log", *options) as proc:
+        assert httpx.get(url + "/livez", timeout=10).json()["status"] == "ok"
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/livez", timeout=10)
+        with OPMLClient(url) as c:
+            c.create_model(name, 2)
+        assert redis.Redis.from_url(redis_url).sismember("opml:models", name)
+        assert not (data / "redis.json").exists()
+    assert "authentication OFF" not in proc.stop()  # a warning: below --log-level error

@@ -156,11 +156,31 @@ def test_stream_to_a_missing_model_raises_not_found(client: OPMLClient) -> None:
 
 def test_stream_rejected_frame_names_its_id(client: OPMLClient, name: str) -> None:
     client.create_model(name, 2)
+    classes = [f"c{i}" for i in range(21)]  # over the shared service's OPML_MAX_CLASSES=20
     with pytest.raises(FrameRejected) as rejected, client.stream(name) as s:
-        s.send([[0.0, 1.0, 2.0]], ["a"], frame_id="wrong-dim")
+        s.send(np.ones((21, 2)), classes, frame_id="too-many-classes")
         s.flush()
-    assert rejected.value.frame_id == "wrong-dim" and rejected.value.status == 422
-    assert client.get_model(name).samples_seen == 0
+    assert rejected.value.frame_id == "too-many-classes" and rejected.value.status == 422
+    assert "too-many-classes" in str(rejected.value)
+    assert client.get_model(name).raw["logged_seq"] == 0
+
+
+@pytest.mark.parametrize("binary", [None, False])
+def test_stream_refuses_a_wrong_width_before_sending(
+    client: OPMLClient, name: str, binary: bool | None
+) -> None:
+    """Rows of the wrong width are a ValueError naming X and the model's dim, raised before
+    anything is sent (not the service's 'block: expected ... bytes'); the stream goes on."""
+    client.create_model(name, 3)
+    with client.stream(name, binary=binary) as s:
+        with pytest.raises(ValueError, match=rf"^X: has 4 columns, model {name} has dim 3$"):
+            s.send(np.ones((256, 4)), ["a"] * 256)
+        with pytest.raises(ValueError, match=rf"^x: has 2 values, model {name} has dim 3$"):
+            s.send([1.0, 2.0], "a")
+        assert (s.progress.sent_samples, s._window.pending) == (0, {})
+        s.send(np.ones((2, 3)), ["a", "b"])
+    assert s.progress.acked_samples == 2
+    assert client.get_model(name).raw["logged_seq"] == 2
 
 
 def test_resent_frame_ids_are_acknowledged_not_logged(client: OPMLClient, name: str) -> None:
@@ -391,3 +411,34 @@ def test_async_numpy_gallery_goes_binary(service: ServiceProcess, name: str) -> 
             await c.delete_model(name)
 
     asyncio.run(run())
+
+
+def test_stream_collects_acks_between_sends(client: OPMLClient, name: str) -> None:
+    """``on_progress`` follows the service while frames are sent, not only once the window is
+    full or on flush: each send collects the acks already received."""
+    client.create_model(name, 2)
+    with client.stream(name, window=64) as s:  # the window never fills below
+        for k in range(1, 61):
+            s.send([[float(k), 1.0]], [f"c{k % 3}"])
+            if s.progress.acked_frames:
+                break
+            client.metric(name, min_version=k)  # frame k is logged and applied: its ack is out
+        assert s.progress.acked_frames >= 1 and s.progress.pending_frames < k
+
+
+def test_async_stream_collects_acks_between_sends(service: ServiceProcess, name: str) -> None:
+    """The same for the asyncio stream (it used to read acks only when its window was full)."""
+
+    async def run() -> tuple[int, int]:
+        async with AsyncOPMLClient(service.url, retry=FAST_RETRY) as c:
+            await c.create_model(name, 2)
+            async with c.stream(name, window=64) as s:
+                for k in range(1, 61):
+                    await s.send([[float(k), 1.0]], [f"c{k % 3}"])
+                    if s.progress.acked_frames:
+                        break
+                    await c.metric(name, min_version=k)
+                return s.progress.acked_frames, k
+
+    acked, sent = asyncio.run(run())
+    assert acked >= 1 and sent < 60

@@ -1,5 +1,7 @@
-"""Helpers of the service tests: real redis-server and service processes, the reference.
+"""Helpers of the service tests: a real redis-server, the reference learner, Prometheus names.
 
+The service itself is started by :class:`service.launcher.ServiceProcess` (re-exported here for
+the tests' type hints), through the ``service`` and ``launch`` fixtures of ``conftest.py``.
 Nothing here asserts on behalf of a test except :func:`assert_problem`, the shape every error
 answer must have.
 """
@@ -7,12 +9,9 @@ answer must have.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.core import Learner, LearnerConfig
+from service.launcher import ServiceProcess as ServiceProcess  # re-exported for type hints
 from service.storage.embedded import free_port, redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,15 +70,21 @@ class RedisServer:
                 break
             except redis.RedisError:
                 if time.monotonic() > deadline:
+                    self.kill()  # not left running behind the error
                     raise
                 time.sleep(0.05)
         client.close()
         return self
 
     def stop(self) -> None:
+        """SIGTERM (Redis writes its AOF and exits), SIGKILL if it is not gone in 20 s."""
         if self.proc is not None:
             self.proc.terminate()
-            self.proc.wait(20)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
             self.proc = None
 
     def kill(self) -> None:
@@ -105,64 +111,6 @@ def settled(client: httpx.Client, name: str) -> dict[str, Any]:
     for timing in ("checkpoint", "staleness_s"):  # ages change by themselves
         model.pop(timing)
     return {"model": model, "metric": metric}
-
-
-class ServiceProcess:
-    """``python -m service`` as a subprocess on a free port; waits for ``/readyz``."""
-
-    def __init__(self, tmp: Path, redis_url: str | None, **env: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.ws_url = f"ws://127.0.0.1:{self.port}"
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.data_dir = tmp / "data"
-        self.log_path = tmp / f"service-{self.port}.log"
-        self.env = {
-            **os.environ,
-            "OPML_PORT": str(self.port),
-            "OPML_DATA_DIR": str(self.data_dir),
-            "OPML_LOG_LEVEL": "warning",
-            **env,
-        }
-        if redis_url is not None:
-            self.env["OPML_REDIS_URL"] = redis_url
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self, timeout: float = 60) -> ServiceProcess:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "service"], cwd=ROOT, env=self.env, stdout=log, stderr=log
-            )
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"service exited: {self.log_path.read_text()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"service not ready: {self.log_path.read_text()[-3000:]}")
-            time.sleep(0.1)
-
-    def stop(self) -> int:
-        """SIGTERM and wait (graceful: final checkpoints, embedded Redis stopped)."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(30)
-        self.proc = None
-        return code
-
-    def kill(self) -> None:
-        """SIGKILL: the crash case."""
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(10)
-        self.proc = None
-
-    def client(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30)
 
 
 def make_model(client: httpx.Client, name: str, dim: int, **params: Any) -> dict[str, Any]:

@@ -11,8 +11,9 @@ import pytest
 from websockets.sync.client import connect
 
 from clients._wire import binary_frame
+from tests.service.conftest import Launch
 from tests.service.support import (
-    ServiceProcess,
+    RedisServer,
     core_learner,
     make_model,
     scrape,
@@ -23,7 +24,7 @@ from tests.service.support import (
 
 @pytest.mark.parametrize(("setting", "limit"), [("100", 100), ("0", 64)])
 def test_unapplied_samples_stay_bounded_under_a_flood(
-    tmp_path: Path, redis_url: str, setting: str, limit: int
+    tmp_path: Path, own_redis: RedisServer, setting: str, limit: int, launch: Launch
 ) -> None:
     """At d = 1024 the learner (~1 ms a sample here) is far slower than binary ingestion, so a
     flood without backpressure would pile thousands of logged samples ahead of it. With
@@ -32,7 +33,7 @@ def test_unapplied_samples_stay_bounded_under_a_flood(
     sample is still applied, once, in order."""
     frame, n, d = 25, 1500, 1024
     model = f"bp{setting}"
-    svc = ServiceProcess(tmp_path, redis_url, OPML_MAX_UNAPPLIED=setting).start()
+    svc = launch(tmp_path, own_redis.url, OPML_MAX_UNAPPLIED=setting).start()
     X, y = stream(n, d, 3, seed=4)
     acked: list[int] = []
     try:
@@ -69,12 +70,12 @@ def test_unapplied_samples_stay_bounded_under_a_flood(
 
 
 def test_without_the_bound_the_same_flood_runs_ahead_of_the_learner(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
 ) -> None:
     """The control for the test above: a limit too high to bind lets the log run far ahead of
     the learner on the same flood (so the bound above is what kept it small)."""
     frame, n, d = 25, 1500, 1024
-    svc = ServiceProcess(tmp_path, redis_url, OPML_MAX_UNAPPLIED="1000000").start()
+    svc = launch(tmp_path, own_redis.url, OPML_MAX_UNAPPLIED="1000000").start()
     X, y = stream(n, d, 3, seed=4)
     try:
         with svc.client() as api:

@@ -14,7 +14,8 @@ import redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.service.support import RedisServer, ServiceProcess, core_learner, make_model, stream
+from tests.service.conftest import Launch
+from tests.service.support import RedisServer, core_learner, make_model, stream
 
 
 @pytest.fixture
@@ -24,9 +25,11 @@ def own_redis(tmp_path: Path):
     server.stop()
 
 
-def test_restart_keeps_L_and_version(tmp_path: Path, own_redis: RedisServer) -> None:
+def test_restart_keeps_L_and_version(
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
+) -> None:
     X, y = stream(500, 5, 4, seed=8)
-    svc = ServiceProcess(tmp_path, own_redis.url, OPML_CHECKPOINT_EVERY="200").start()
+    svc = launch(tmp_path, own_redis.url, OPML_CHECKPOINT_EVERY="200").start()
     with svc.client() as api:
         make_model(api, "m", 5, gamma=0.03, seed=1)
         for i in range(0, 500, 50):
@@ -54,12 +57,12 @@ KILL_POINTS = sorted(np.random.default_rng(2024).choice(np.arange(3, 290), 6, re
 
 
 def test_kill_9_while_streaming_loses_no_acknowledged_sample(
-    tmp_path: Path, own_redis: RedisServer
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
 ) -> None:
     n, frame = 6000, 20
     X, y = stream(n, 4, 5, seed=21)
     env = {"OPML_CHECKPOINT_EVERY": "230", "OPML_LEASE_TTL_S": "1"}
-    svc = ServiceProcess(tmp_path, own_redis.url, **env).start()
+    svc = launch(tmp_path, own_redis.url, **env).start()
     with svc.client() as api:
         make_model(api, "m", 4, gamma=0.02, seed=4)
     acked: dict[int, int] = {}  # frame start -> last_seq of its ack
@@ -113,8 +116,8 @@ def test_kill_9_while_streaming_loses_no_acknowledged_sample(
     assert model["updates"]["triplet"] == ref.counts["triplet_update"] + ref.counts["shrunk_update"]
 
 
-def test_embedded_redis_survives_a_crash_and_is_adopted(tmp_path: Path) -> None:
-    svc = ServiceProcess(tmp_path, None).start()  # no OPML_REDIS_URL: embedded redis-server
+def test_embedded_redis_survives_a_crash_and_is_adopted(tmp_path: Path, launch: Launch) -> None:
+    svc = launch(tmp_path, None).start()  # no OPML_REDIS_URL: embedded redis-server
     with svc.client() as api:
         make_model(api, "m", 2)
         api.post("/v1/models/m/samples?wait=true", json={"samples": [{"x": [1, 0], "y": 1}] * 3})
@@ -138,9 +141,11 @@ def test_embedded_redis_survives_a_crash_and_is_adopted(tmp_path: Path) -> None:
     assert not (svc.data_dir / "redis.json").exists()
 
 
-def test_a_second_service_on_the_same_data_dir_refuses_to_start(tmp_path: Path) -> None:
-    first = ServiceProcess(tmp_path, None).start()
-    second = ServiceProcess(tmp_path, None)
+def test_a_second_service_on_the_same_data_dir_refuses_to_start(
+    tmp_path: Path, launch: Launch
+) -> None:
+    first = launch(tmp_path, None).start()
+    second = launch(tmp_path, None)
     with pytest.raises(RuntimeError, match="another opml-service"):
         second.start()
     with first.client() as api:

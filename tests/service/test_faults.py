@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.service.conftest import Launch
 from tests.service.support import (
     RedisServer,
-    ServiceProcess,
     core_learner,
     make_model,
     rss_bytes,
@@ -71,10 +71,9 @@ def ws_frame(payload: bytes, declared: int | None = None) -> bytes:
 
 
 def test_slow_and_broken_websocket_clients_do_not_hold_up_ingestion(
-    tmp_path: Path, own_redis: RedisServer
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
 ) -> None:
-    svc = ServiceProcess(tmp_path, own_redis.url).start()
-    assert svc.proc is not None
+    svc = launch(tmp_path, own_redis.url).start()
     X, y = stream(3000, 8, 4, seed=9)
     sockets: list[socket.socket] = []
     try:
@@ -83,7 +82,7 @@ def test_slow_and_broken_websocket_clients_do_not_hold_up_ingestion(
             make_model(api, "noise", 8)
             warm = {"samples": [{"x": X[i].tolist(), "y": y[i]} for i in range(100)]}
             api.post("/v1/models/noise/samples?wait=true", json=warm)
-            baseline = rss_bytes(svc.proc.pid)
+            baseline = rss_bytes(svc.pid)
 
             # 10 /events readers that never read, pushed at every change (10 ms)
             for _ in range(10):
@@ -114,7 +113,7 @@ def test_slow_and_broken_websocket_clients_do_not_hold_up_ingestion(
             np.testing.assert_allclose(
                 np.array(got["L"]), core_learner(X, y, dim=8, gamma=0.02).L, rtol=0, atol=1e-12
             )
-            grown = rss_bytes(svc.proc.pid) - baseline
+            grown = rss_bytes(svc.pid) - baseline
             assert grown < 64 * 2**20, f"service RSS grew by {grown / 2**20:.1f} MiB"
 
             for sock in sockets:

@@ -1,5 +1,8 @@
 """One-to-many distance with a binary gallery (.npz in, .npy out), and the lean query path:
-its answers equal the JSON route's, and every refusal is a problem that changes nothing."""
+its answers equal the routes', and every refusal is a problem that changes nothing.
+
+Every test here runs twice: against the shared service (lean path on) and against its twin with
+the lean path off (``OPML_LEAN_PATH=false``), so the two paths cannot drift apart."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import numpy as np
 import pytest
 
 from service.api.routes.queries import THREAD_VALUES
-from tests.service.conftest import ServiceProcess
+from tests.service.conftest import Launch, ServiceProcess
 from tests.service.support import (
     RedisServer,
     assert_problem,
@@ -26,6 +29,7 @@ from tests.service.support import (
 )
 
 NPZ = {"content-type": "application/x-npz"}
+JSON_TYPE = {"content-type": "application/json"}
 NPY = "application/x-npy"
 D = 16
 PARAMS = {"dim": D, "gamma": 0.02, "seed": 3}
@@ -35,6 +39,12 @@ def npz(stored: bool = True, **arrays: Any) -> bytes:
     buf = io.BytesIO()
     (np.savez if stored else np.savez_compressed)(buf, **arrays)
     return buf.getvalue()
+
+
+@pytest.fixture
+def api(query_api: httpx.Client) -> httpx.Client:
+    """The lean path, then the routes alone (see ``query_api``)."""
+    return query_api
 
 
 @pytest.fixture
@@ -86,14 +96,14 @@ def test_binary_one_to_many_equals_the_json_answer(
 
 
 def test_a_large_gallery_is_computed_off_the_event_loop_and_equals_json(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, launch: Launch
 ) -> None:
     """Over ``THREAD_VALUES`` values the distances are computed in a worker thread, by the
     triangular factor: the same answer through JSON and .npz, equal to the plain formula."""
     d, rows = 128, 600
     assert rows * d >= THREAD_VALUES
     redis_server = RedisServer(tmp_path_factory.mktemp("redis-gallery")).start()
-    proc = ServiceProcess(
+    proc = launch(
         tmp_path_factory.mktemp("gallery"), redis_server.url, OPML_MAX_BODY_BYTES=str(8 << 20)
     ).start()
     try:
@@ -215,22 +225,20 @@ def test_npz_elsewhere_is_refused(
     name = trained[0]
     good = npz(a=np.ones(D), b=np.ones((2, D)))
     assert_problem(api.post("/v1/models/ghost/distance", content=good, headers=NPZ), 404)
-    assert_problem(api.post(f"/v1/models/{name}/verify", content=good, headers=NPZ), 422)
+    # verify reads JSON only: another media type is 415, naming what it accepts
+    wrong = assert_problem(api.post(f"/v1/models/{name}/verify", content=good, headers=NPZ), 415)
+    assert wrong["accepted"] == ["application/json"]
     late = api.post(f"/v1/models/{name}/distance?min_version=10000", content=good, headers=NPZ)
     assert int(assert_problem(late, 503)["version"]) == 300
 
 
-# -- the lean JSON path answers exactly like the route ------------------------------------------
-
-# ``application/opml+json`` is JSON to the FastAPI route but not taken by the lean path (it
-# takes ``application/json``): the same request through both must get the same answer.
-ROUTE_ONLY = {"content-type": "application/opml+json"}
-FAST = {"content-type": "application/json"}
+# -- the lean path answers exactly like the routes ------------------------------------------
 
 CASES: list[tuple[str, str, bytes]] = [
     ("distance", "", b'{"a": [1, 2], "b": [0, 1]}'),
     ("distance", "", b'{"a": [1, 2], "b": [[0, 1], [3, 4]]}'),
     ("distance", "?min_version=0", b'{"a": [1, 2], "b": [0, 1]}'),
+    ("distance", "?min_version=0&x=1", b'{"a": [1, 2], "b": [0, 1]}'),
     ("verify", "", b'{"a": [1, 2], "b": [0, 1]}'),
     ("verify", "", b'{"a": [1, 2], "b": [0, 1], "threshold": 0.5}'),
     ("distance", "", b'{"a": [NaN, 2], "b": [0, 1]}'),
@@ -253,39 +261,99 @@ CASES: list[tuple[str, str, bytes]] = [
     ("distance", "", b""),
     ("distance", "?min_version=-1", b'{"a": [1, 2], "b": [0, 1]}'),
     ("distance", "?min_version=x", b'{"a": [1, 2], "b": [0, 1]}'),
+    ("distance", "?min_version=" + "9" * 19, b'{"a": [1, 2], "b": [0, 1]}'),
+    ("distance", "?min_version=" + "9" * 21, b'{"a": [1, 2], "b": [0, 1]}'),
 ]
+
+
+def _same_answers(
+    service: ServiceProcess, routes_service: ServiceProcess, name: str, send: Any
+) -> httpx.Response:
+    """``send(client)`` to the lean service and to its routes-only twin: the same answer."""
+    with service.client() as lean_client, routes_service.client() as route_client:
+        make_model(lean_client, name, 2, normalize="l2")
+        make_model(route_client, name, 2, normalize="l2")
+        lean, route = send(lean_client), send(route_client)
+    assert lean.status_code == route.status_code, (lean.text, route.text)
+    assert lean.headers["content-type"] == route.headers["content-type"]
+    assert lean.headers.get("retry-after") == route.headers.get("retry-after")
+    assert lean.json() == route.json()
+    if lean.status_code >= 400:
+        assert_problem(lean, lean.status_code)
+    return lean
 
 
 @pytest.mark.parametrize(("what", "query", "body"), CASES)
 def test_the_lean_path_answers_exactly_like_the_route(
-    api: httpx.Client, name: str, what: str, query: str, body: bytes
+    service: ServiceProcess,
+    routes_service: ServiceProcess,
+    name: str,
+    what: str,
+    query: str,
+    body: bytes,
 ) -> None:
-    make_model(api, name, 2, normalize="l2")
     url = f"/v1/models/{name}/{what}{query}"
-    fast = api.post(url, content=body, headers=FAST)
-    route = api.post(url, content=body, headers=ROUTE_ONLY)
-    assert fast.status_code == route.status_code, (fast.text, route.text)
-    assert fast.headers["content-type"] == route.headers["content-type"]
-    assert fast.json() == route.json()
-    if fast.status_code >= 400:
-        assert_problem(fast, fast.status_code)
+    _same_answers(
+        service, routes_service, name, lambda c: c.post(url, content=body, headers=JSON_TYPE)
+    )
 
 
-def test_a_model_name_the_route_refuses_is_refused_alike(api: httpx.Client) -> None:
+@pytest.mark.parametrize(
+    "query", ["?min_version=0&x=1", "?min_version=" + "9" * 19, "?min_version=abc", ""]
+)
+def test_an_npz_query_answers_like_its_json_twin(
+    service: ServiceProcess, routes_service: ServiceProcess, name: str, query: str
+) -> None:
+    url = f"/v1/models/{name}/distance{query}"
+    body = npz(a=np.ones(2), b=np.ones((3, 2)))
+    got = _same_answers(
+        service, routes_service, name, lambda c: c.post(url, content=body, headers=NPZ)
+    )
+    with service.client() as client:
+        twin = client.post(url, json={"a": [1.0, 1.0], "b": [[1.0, 1.0]] * 3})
+    assert (got.status_code, got.json()) == (twin.status_code, twin.json())
+
+
+def test_a_model_name_the_route_refuses_is_refused_alike(
+    service: ServiceProcess, routes_service: ServiceProcess
+) -> None:
     for path in ("/v1/models/Bad!/distance", "/v1/models/ghost/verify"):
         body = json.dumps({"a": [1], "b": [1]})
-        fast = api.post(path, content=body, headers=FAST)
-        route = api.post(path, content=body, headers=ROUTE_ONLY)
-        assert (fast.status_code, fast.json()) == (route.status_code, route.json())
-        assert_problem(fast, fast.status_code)
+        with service.client() as lean_client, routes_service.client() as route_client:
+            lean = lean_client.post(path, content=body, headers=JSON_TYPE)
+            route = route_client.post(path, content=body, headers=JSON_TYPE)
+        assert (lean.status_code, lean.json()) == (route.status_code, route.json())
+        assert_problem(lean, lean.status_code)
+
+
+def _lean_count(client: httpx.Client, route: str) -> float:
+    wanted = f'opml_http_lean_requests_total{{route="{route}"}}'
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith(wanted):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_the_lean_path_is_taken_when_on_and_only_then(
+    service: ServiceProcess, routes_service: ServiceProcess, name: str
+) -> None:
+    route = "/v1/models/{name}/distance"
+    for proc, taken in ((service, 3.0), (routes_service, 0.0)):
+        with proc.client() as client:
+            make_model(client, name, 2)
+            before = _lean_count(client, route)
+            for _ in range(3):
+                client.post(f"/v1/models/{name}/distance", json={"a": [1, 2], "b": [0, 1]})
+            assert _lean_count(client, route) - before == taken
 
 
 def test_lean_answers_are_counted_under_the_route_template(
-    api: httpx.Client, service: ServiceProcess, name: str
+    service: ServiceProcess, name: str
 ) -> None:
-    make_model(api, name, 2)
-    for _ in range(3):
-        api.post(f"/v1/models/{name}/distance", json={"a": [1, 2], "b": [0, 1]})
-    metrics = api.get("/metrics").text
+    with service.client() as api:
+        make_model(api, name, 2)
+        for _ in range(3):
+            api.post(f"/v1/models/{name}/distance", json={"a": [1, 2], "b": [0, 1]})
+        metrics = api.get("/metrics").text
     assert 'route="/v1/models/{name}/distance",status="200"' in metrics
     assert name not in "".join(line for line in metrics.splitlines() if "http_request" in line)

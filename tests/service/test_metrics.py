@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect
 
+from tests.service.conftest import Launch
 from tests.service.support import (
     RedisServer,
     ServiceProcess,
@@ -201,11 +202,11 @@ def test_deleting_a_model_removes_its_series(api: httpx.Client, name: str) -> No
     assert f'model="{name}"' not in api.get("/metrics").text
 
 
-def test_replayed_samples_and_step_counts_survive_a_crash(tmp_path: Path) -> None:
+def test_replayed_samples_and_step_counts_survive_a_crash(tmp_path: Path, launch: Launch) -> None:
     redis_server = RedisServer(tmp_path / "redis").start()
     X, y = stream(40, 3, 2, seed=5)
-    svc = ServiceProcess(tmp_path, redis_server.url, OPML_CHECKPOINT_EVERY="25",
-                         OPML_CHECKPOINT_INTERVAL_S="3600").start()  # fmt: skip
+    svc = launch(tmp_path, redis_server.url, OPML_CHECKPOINT_EVERY="25",
+                 OPML_CHECKPOINT_INTERVAL_S="3600").start()  # fmt: skip
     try:
         with svc.client() as api:
             make_model(api, "m", 3)
@@ -222,8 +223,7 @@ def test_replayed_samples_and_step_counts_survive_a_crash(tmp_path: Path) -> Non
             ckpt = api.get("/v1/models/m").json()["checkpoint"]["seq"]
             after = scrape(api)
     finally:
-        if svc.proc is not None:
-            svc.stop()
+        svc.stop()
         redis_server.stop()
     assert 0 < ckpt < 40
     assert one(after, "opml_replayed_samples_total", model="m") == 40 - ckpt

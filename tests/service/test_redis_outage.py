@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.service.conftest import Launch
 from tests.service.support import (
     RedisServer,
-    ServiceProcess,
     assert_problem,
     core_learner,
     make_model,
@@ -28,10 +28,10 @@ OUTAGES = [("stop", 100)] + [
 
 @pytest.mark.parametrize(("how", "before"), OUTAGES)
 def test_redis_outage_gives_503_and_the_service_recovers(
-    tmp_path: Path, how: str, before: int
+    tmp_path: Path, how: str, before: int, launch: Launch
 ) -> None:
     server = RedisServer(tmp_path / "redis").start()
-    svc = ServiceProcess(tmp_path, server.url, OPML_REDIS_TIMEOUT_S="1").start()
+    svc = launch(tmp_path, server.url, OPML_REDIS_TIMEOUT_S="1").start()
     X, y = stream(300, 3, 3, seed=5)
     accepted: list[int] = []  # indexes of acknowledged samples, in seq order
 
@@ -72,6 +72,5 @@ def test_redis_outage_gives_503_and_the_service_recovers(
         assert got["version"] == before + 50
         np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
     finally:
-        if svc.proc is not None:
-            svc.stop()
+        svc.stop()
         server.stop()

@@ -21,6 +21,7 @@ from service.main import create_app
 from service.security import KeyRing, entry_for
 from service.storage.store import connect as redis_connect
 from service.storage.store import redacted_url
+from tests.service.conftest import Launch
 from tests.service.support import (
     ROOT,
     RedisServer,
@@ -47,21 +48,23 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def secured(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
-    """A service with keys, bound to every interface (allowed: keys are configured)."""
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
+    """A service with keys, bound to every interface (allowed: keys are configured), on a Redis
+    of its own (alone: not a member of the shared service's deployment)."""
     entries = [entry_for(key, [scope]) for scope, key in KEYS.items()]
-    proc = ServiceProcess(
+    server = RedisServer(tmp_path_factory.mktemp("secured-redis")).start()
+    with ServiceProcess(
         tmp_path_factory.mktemp("secured"),
-        redis_url,
+        server.url,
         OPML_API_KEYS=json.dumps(entries),
         OPML_HOST="0.0.0.0",
         OPML_LOG_LEVEL="info",  # access log and start-up lines: checked for leaked keys
-    ).start()
-    with proc.client() as client:
-        bearer = {"Authorization": f"Bearer {KEYS['admin']}"}
-        assert client.post("/v1/models", json={"name": "sec", "dim": 2}, headers=bearer)
-    yield proc
-    proc.stop()
+    ) as proc:
+        with proc.client() as client:
+            bearer = {"Authorization": f"Bearer {KEYS['admin']}"}
+            assert client.post("/v1/models", json={"name": "sec", "dim": 2}, headers=bearer)
+        yield proc
+    server.stop()
 
 
 def auth(scope: str | None) -> dict[str, str]:
@@ -206,13 +209,14 @@ def test_keys_are_never_logged(secured: ServiceProcess) -> None:
 
 
 def test_without_keys_only_loopback_unless_explicitly_allowed(
-    redis_url: str, tmp_path: Path
+    own_redis: RedisServer, tmp_path: Path, launch: Launch
 ) -> None:
-    refused = ServiceProcess(tmp_path / "a", redis_url, OPML_HOST="0.0.0.0")
+    redis_url = own_redis.url
+    refused = launch(tmp_path / "a", redis_url, OPML_HOST="0.0.0.0")
     with pytest.raises(RuntimeError, match=r"refusing to bind '0\.0\.0\.0' without API keys"):
         refused.start()
-    assert refused.proc is not None and refused.proc.wait(10) == 2
-    allowed = ServiceProcess(
+    assert refused.returncode == 2
+    allowed = launch(
         tmp_path / "b", redis_url, OPML_HOST="0.0.0.0", OPML_ALLOW_INSECURE_BIND="true"
     ).start()
     with allowed.client() as client:  # open: no key needed
@@ -222,9 +226,9 @@ def test_without_keys_only_loopback_unless_explicitly_allowed(
 
 
 def test_bad_key_configuration_is_refused_without_echoing_it(
-    redis_url: str, tmp_path: Path
+    own_redis: RedisServer, tmp_path: Path, launch: Launch
 ) -> None:
-    bad = ServiceProcess(tmp_path, redis_url, OPML_API_KEYS='["deadbeef:query"]')
+    bad = launch(tmp_path, own_redis.url, OPML_API_KEYS='["deadbeef:query"]')
     with pytest.raises(RuntimeError, match=r"OPML_API_KEYS\[0\]"):
         bad.start()
     assert "deadbeef" not in bad.log_path.read_text()
@@ -246,24 +250,21 @@ def test_key_tool_makes_entries_the_service_accepts() -> None:
     assert KeyRing.parse([lines["entry"].strip()]).scopes_of(lines["key"].strip())
 
 
-def test_redis_password_through_the_url(tmp_path: Path) -> None:
+def test_redis_password_through_the_url(tmp_path: Path, launch: Launch) -> None:
     server = RedisServer(tmp_path / "redis", password="s3cret-redis-pw").start()
     try:
-        svc = ServiceProcess(tmp_path / "ok", server.url).start()
+        svc = launch(tmp_path / "ok", server.url).start()
         with svc.client() as client:
             make_model(client, "pw", 2)
             sent = client.post("/v1/models/pw/samples?wait=true", json={"x": [1, 2], "y": 1})
             assert sent.status_code == 200
         svc.stop()
         wrong = server.url.replace("s3cret-redis-pw", "wrong-pw")
-        denied = ServiceProcess(tmp_path / "bad", wrong)
-        with pytest.raises(TimeoutError):  # never ready: Redis refuses it
-            denied.start(timeout=6)
-        with httpx.Client(base_url=denied.url, timeout=10) as client:
-            assert_problem(client.get("/readyz"), 503)
-        assert denied.proc is not None
-        denied.proc.kill()
-        denied.proc.wait(10)
+        denied = launch(tmp_path / "bad", wrong).spawn()
+        assert_problem(denied.wait_answering(), 503)  # it runs, but Redis refuses it
+        with pytest.raises(TimeoutError):  # and it never becomes ready
+            denied.wait_ready(timeout=6)
+        denied.kill()
         assert "wrong-pw" not in denied.log_path.read_text()
     finally:
         server.stop()

@@ -6,10 +6,12 @@ import json
 
 import httpx
 import numpy as np
-from websockets.sync.client import connect
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
 
 from tests.service.conftest import ServiceProcess
-from tests.service.support import core_learner, make_model, stream
+from tests.service.support import assert_problem, core_learner, make_model, stream
 
 
 def test_stream_acks_in_frame_order_and_equals_the_core(
@@ -69,10 +71,19 @@ def test_a_resent_frame_id_is_acked_with_its_original_seqs(
     assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 2
 
 
+def closed_with(ws: ClientConnection) -> int | None:
+    """The close code the server sent, once the connection has ended (its next frame)."""
+    with pytest.raises(ConnectionClosed) as closed:
+        ws.recv(timeout=10)
+    return None if closed.value.rcvd is None else closed.value.rcvd.code
+
+
 def test_stream_to_an_unknown_model_gets_a_404_error_frame(service: ServiceProcess) -> None:
     with connect(f"{service.ws_url}/v1/models/ghost/stream") as ws:
         frame = json.loads(ws.recv(timeout=10))
+        code = closed_with(ws)
     assert frame["error"]["status"] == 404 and frame["id"] is None
+    assert code == 4404
 
 
 def test_events_push_the_model_state(service: ServiceProcess, api: httpx.Client, name: str) -> None:
@@ -93,3 +104,36 @@ def test_events_push_the_model_state(service: ServiceProcess, api: httpx.Client,
 def test_events_of_an_unknown_model(service: ServiceProcess) -> None:
     with connect(f"{service.ws_url}/v1/models/ghost/events") as ws:
         assert json.loads(ws.recv(timeout=10))["error"]["status"] == 404
+        assert closed_with(ws) == 4404
+
+
+def test_events_of_a_model_deleted_while_connected_end_with_404_and_4404(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    make_model(api, name, 2)
+    with connect(f"{service.ws_url}/v1/models/{name}/events?interval_ms=10") as ws:
+        assert json.loads(ws.recv(timeout=10))["version"] == 0
+        assert api.delete(f"/v1/models/{name}").status_code == 204
+        frame = json.loads(ws.recv(timeout=10))
+        code = closed_with(ws)
+    assert frame["error"]["status"] == 404 and frame["id"] is None
+    assert f"model {name!r} was deleted" in frame["error"]["detail"]
+    assert code == 4404
+
+
+def test_stream_to_a_model_deleted_while_connected_answers_404_per_frame(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    """A frame for a model deleted meanwhile is a bad frame: an ``error`` frame with its id
+    (the contract: the connection stays open), and nothing is logged under that name."""
+    make_model(api, name, 2)
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        ws.send(json.dumps({"id": 1, "x": [1, 0], "y": "a"}))
+        assert json.loads(ws.recv(timeout=10)) == {"ack": 1, "first_seq": 1, "last_seq": 1}
+        assert api.delete(f"/v1/models/{name}").status_code == 204
+        answers = []
+        for frame_id in (2, 3):
+            ws.send(json.dumps({"id": frame_id, "x": [1, 0], "y": "a"}))
+            answers.append(json.loads(ws.recv(timeout=10)))
+    assert [(a["id"], a["error"]["status"]) for a in answers] == [(2, 404), (3, 404)]
+    assert_problem(api.get(f"/v1/models/{name}"), 404)

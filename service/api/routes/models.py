@@ -2,32 +2,80 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response, status
+import asyncio
+import contextlib
+from typing import Annotated, Any
 
-from service.api.deps import ModelsDep, NameDep
-from service.models.schemas import ModelCreate, ModelList, ModelOut
-from service.models.service import model_body
+from fastapi import APIRouter, Request, Response, status
+from fastapi.responses import JSONResponse
+
+from service.api import parsing
+from service.api.deps import ForwarderDep, ModelsDep, NameDep, body_doc, json_body
+from service.api.forward import HOP_HEADER, Forwarder
+from service.api.presenters import model_document
+from service.api.schemas import ModelCreate, ModelList, ModelOut
+from service.core import LearnerConfig
+from service.engine.registry import Registry
+from service.engine.runtime import ModelRuntime, NotServedHere
+from service.errors import Unavailable
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ModelOut)
-async def create_model(body: ModelCreate, models: ModelsDep) -> ModelOut:
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ModelOut,
+    openapi_extra=body_doc(ModelCreate),
+)
+async def create_model(
+    body: Annotated[ModelCreate, json_body(ModelCreate)],
+    request: Request,
+    models: ModelsDep,
+    forwarder: ForwarderDep,
+) -> Response:
     """Create a model; 409 if the name exists."""
-    return ModelOut.model_validate(model_body(await models.create(body)))
+    placement = models.placement(body.name)
+    if placement is not None and HOP_HEADER not in request.headers:
+        # created by the process that will learn it: no hand-over right after the create
+        with contextlib.suppress(Unavailable):  # that process is gone: create it here
+            return await forwarder.http(
+                request.scope, await request.body(), placement[1], placement[0]
+            )
+    if body.dim > models.settings.max_dim:
+        raise parsing.invalid(
+            ["body", "dim"], f"must be <= {models.settings.max_dim} (OPML_MAX_DIM)"
+        )
+    config = LearnerConfig(**body.model_dump(exclude={"name"}))
+    runtime = await models.create(body.name, config)
+    return JSONResponse(
+        ModelOut.model_validate(model_document(runtime.status())).model_dump(), status_code=201
+    )
+
+
+async def _document(models: Registry, forwarder: Forwarder, runtime: ModelRuntime) -> Any:
+    """A model's document: ours, or its owner's (another process learns it)."""
+    if runtime.serving:
+        return model_document(runtime.status())
+    holder = await models.holder(runtime.name)
+    if holder is None:
+        if await models.gone(runtime.name):
+            return None
+        raise NotServedHere(runtime.name)
+    return await forwarder.model_document(runtime.name, holder[1], holder[0])
 
 
 @router.get("", response_model=ModelList)
-async def list_models(models: ModelsDep) -> ModelList:
-    """Every model, by name."""
-    runtimes = models.all()
-    return ModelList(models=[ModelOut.model_validate(model_body(rt)) for rt in runtimes])
+async def list_models(models: ModelsDep, forwarder: ForwarderDep) -> ModelList:
+    """Every model, by name (each as its owner process reports it)."""
+    documents = await asyncio.gather(*(_document(models, forwarder, rt) for rt in models.all()))
+    return ModelList(models=[ModelOut.model_validate(d) for d in documents if d is not None])
 
 
 @router.get("/{name}", response_model=ModelOut)
 async def get_model(name: NameDep, models: ModelsDep) -> ModelOut:
     """One model: hyperparameters, version, counters, verification calibration."""
-    return ModelOut.model_validate(model_body(models.get(name)))
+    return ModelOut.model_validate(model_document((await models.lookup(name)).status()))
 
 
 @router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response)

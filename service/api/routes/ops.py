@@ -27,7 +27,7 @@ async def readyz(models: ModelsDep) -> dict[str, object]:
     try:
         await models.store.ping()
     except RedisError as exc:
-        telemetry.REDIS_ERRORS.labels("readyz").inc()
+        telemetry.REDIS_ERROR["readyz"].inc()
         raise Unavailable(f"Redis is unreachable ({type(exc).__name__})") from None
     if not models.loaded.is_set():
         raise Unavailable("models are still being loaded")

@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse
 
-from service.api.deps import ModelsDep, NameDep
-from service.models.schemas import Accepted, Applied, IngestBody, StepOut
+from service.api.deps import ModelsDep, NameDep, body_doc, json_body
+from service.api.ingestion import ingest
+from service.api.schemas import Accepted, Applied, IngestBody, StepOut
 
 router = APIRouter(prefix="/v1/models/{name}", tags=["ingestion"])
 
@@ -28,24 +29,24 @@ IdempotencyKey = Annotated[
     status_code=202,
     response_model=Accepted,
     responses={200: {"model": Applied, "description": "?wait=true: applied, with results."}},
+    openapi_extra=body_doc(IngestBody),
 )
 async def ingest_samples(
     name: NameDep,
-    body: IngestBody,
+    body: Annotated[IngestBody, json_body(IngestBody)],
     models: ModelsDep,
     idempotency_key: IdempotencyKey = None,
     wait: Annotated[bool, Query(description="Answer 200 once applied, with results.")] = False,
 ) -> Response:
     """Append samples to the model's durable log (202 once logged; 200 once applied)."""
-    samples = body.as_samples()
-    result = await models.ingest(
-        name,
-        samples,
-        idempotency_field=f"h:{idempotency_key}" if idempotency_key else "",
-        wait=wait,
+    result = await ingest(
+        (await models.lookup(name)),
+        body.as_samples(),
         loc=["body", "samples"] if body.samples is not None else ["body"],
         indexed=body.samples is not None,
         transport="rest",
+        idempotency_field=f"h:{idempotency_key}" if idempotency_key else "",
+        wait=wait,
     )
     headers = {"Idempotent-Replayed": "true"} if result.replayed else {}
     answer = Accepted(

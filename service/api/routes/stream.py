@@ -30,17 +30,24 @@ from redis.exceptions import RedisError
 from service import telemetry
 from service.api.auth import accept_subprotocol
 from service.api.deps import WsModelsDep
-from service.errors import InvalidInput, NotFound, ServiceError, from_redis, validation_errors
-from service.models.inputs import Block
-from service.models.runtime import ModelClosed, ModelRuntime
-from service.models.schemas import NAME_PATTERN, BinaryHeader, Sample, StreamFrame
-from service.models.service import ModelService, updates, verification
+from service.api.ingestion import ingest
+from service.api.parsing import Block, error_items, invalid_request
+from service.api.presenters import event_frame
+from service.api.problems import from_redis, problem, status_of
+from service.api.schemas import NAME_PATTERN, BinaryHeader, Sample, StreamFrame
+from service.engine.registry import Registry
+from service.engine.runtime import ModelRuntime, NotServedHere
+from service.engine.snapshot import ModelClosed
+from service.errors import InvalidInput, NotFound, ServiceError
 from service.storage.codec import DTYPE
 
 router = APIRouter(prefix="/v1/models/{name}", tags=["websocket"])
 
 #: Close code for a connection to a model that does not exist / was deleted.
 CLOSE_NOT_FOUND = 4404
+#: Close code (RFC 6455 "try again later") when the model's learning moves to another process:
+#: reconnecting reaches the new owner.
+CLOSE_TRY_AGAIN = 1013
 
 
 #: Handshake response header of ``/stream``: the frame encodings this server reads.
@@ -64,7 +71,7 @@ def _frame_id(raw: Any) -> Any:
 
 async def _open(
     websocket: WebSocket,
-    models: ModelService,
+    models: Registry,
     name: str,
     headers: list[tuple[bytes, bytes]] | None = None,
 ) -> ModelRuntime | None:
@@ -72,10 +79,10 @@ async def _open(
     try:
         if not re.fullmatch(NAME_PATTERN, name):
             raise InvalidInput(f"name: must match {NAME_PATTERN}")
-        return models.get(name)
+        return await models.lookup(name)
     except ServiceError as exc:
-        await websocket.send_json({"error": exc.problem(), "id": None})
-        await websocket.close(CLOSE_NOT_FOUND if exc.status == 404 else 1008)
+        await websocket.send_json({"error": problem(exc), "id": None})
+        await websocket.close(CLOSE_NOT_FOUND if status_of(exc) == 404 else 1008)
         return None
 
 
@@ -90,14 +97,14 @@ async def stream_samples(websocket: WebSocket, name: str, models: WsModelsDep) -
     # Either side ending ends both: a client that stops reading acks and then vanishes leaves
     # the reader blocked on a full window, and only the sender's failed send notices.
     tasks: list[asyncio.Task[Any]] = [
-        asyncio.create_task(_read_frames(websocket, models, name, window, runtime.config.dim)),
+        asyncio.create_task(_read_frames(websocket, runtime, window)),
         asyncio.create_task(_send_acks(websocket, window)),
     ]
-    telemetry.WS_CONNECTIONS.labels("stream").inc()
+    telemetry.WS_OPEN["stream"].inc()
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        telemetry.WS_CONNECTIONS.labels("stream").dec()
+        telemetry.WS_OPEN["stream"].dec()
         while not window.empty():  # frames whose answer nobody will read
             tasks.append(window.get_nowait()[1])
         for task in tasks:
@@ -112,11 +119,7 @@ _InFlight = tuple[float, "asyncio.Task[dict[str, Any]]"]
 
 
 async def _read_frames(
-    websocket: WebSocket,
-    models: ModelService,
-    name: str,
-    window: asyncio.Queue[_InFlight],
-    dim: int,
+    websocket: WebSocket, runtime: ModelRuntime, window: asyncio.Queue[_InFlight]
 ) -> None:
     """Parse each frame and start appending it at once, so frames that arrive while an append
     is in flight are logged together in the next one (group commit, one fsync); the window
@@ -132,14 +135,14 @@ async def _read_frames(
         if text is not None:
             frame_id, frame = _parse(text)
         elif data is not None:
-            frame_id, frame = parse_binary(data, dim)
+            frame_id, frame = parse_binary(data, runtime.config.dim)
         else:
             continue
-        await window.put((received, asyncio.create_task(_answer(models, name, frame_id, frame))))
+        await window.put((received, asyncio.create_task(_answer(runtime, frame_id, frame))))
 
 
 async def _answer(
-    models: ModelService, name: str, frame_id: Any, frame: StreamFrame | BinaryFrame | ServiceError
+    runtime: ModelRuntime, frame_id: Any, frame: StreamFrame | BinaryFrame | ServiceError
 ) -> dict[str, Any]:
     """Append one frame; its ``ack`` or ``error`` answer."""
     try:
@@ -153,13 +156,13 @@ async def _answer(
             items = frame.as_samples()
             loc = ["samples"] if frame.samples is not None else []
             indexed = frame.samples is not None
-        result = await models.ingest(
-            name,
+        result = await ingest(
+            runtime,
             items,
-            idempotency_field="w:" + json.dumps(frame.id),
             loc=loc,
             indexed=indexed,
             transport="ws",
+            idempotency_field="w:" + json.dumps(frame.id),
         )
         answer: dict[str, Any] = {
             "ack": frame.id,
@@ -170,10 +173,10 @@ async def _answer(
             answer["replayed"] = True
         return answer
     except ServiceError as exc:
-        return {"error": exc.problem(), "id": frame_id}
+        return {"error": problem(exc), "id": frame_id}
     except RedisError as exc:
-        telemetry.REDIS_ERRORS.labels("ws").inc()
-        return {"error": from_redis(exc).problem(), "id": frame_id}
+        telemetry.REDIS_ERROR["ws"].inc()
+        return {"error": problem(from_redis(exc)), "id": frame_id}
 
 
 async def _send_acks(websocket: WebSocket, window: asyncio.Queue[_InFlight]) -> None:
@@ -182,7 +185,7 @@ async def _send_acks(websocket: WebSocket, window: asyncio.Queue[_InFlight]) -> 
         answer = await task
         await websocket.send_json(answer)
         outcome = "error" if "error" in answer else "ack"
-        telemetry.WS_FRAME_DURATION.labels(outcome).observe(time.perf_counter() - received)
+        telemetry.WS_FRAME[outcome].observe(time.perf_counter() - received)
 
 
 def _parse(text: str) -> tuple[Any, StreamFrame | ServiceError]:
@@ -206,10 +209,7 @@ def _parse(text: str) -> tuple[Any, StreamFrame | ServiceError]:
 
 
 def _invalid_frame(exc: ValidationError) -> InvalidInput:
-    items = validation_errors(exc.errors())
-    where = ".".join(str(p) for p in items[0]["loc"]) if items else "frame"
-    msg = items[0]["msg"] if items else "invalid frame"
-    return InvalidInput(f"{where}: {msg}", items)
+    return invalid_request(error_items(exc))
 
 
 def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError]:
@@ -244,6 +244,13 @@ def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError
     return head.id, BinaryFrame(head.id, Block(X, list(head.y)))
 
 
+async def _close_with(websocket: WebSocket, error: ServiceError, code: int = 0) -> None:
+    """Send ``error`` as the last frame and close (4404 for NotFound unless ``code``)."""
+    with contextlib.suppress(Exception):
+        await websocket.send_json({"error": problem(error), "id": None})
+        await websocket.close(code or CLOSE_NOT_FOUND)
+
+
 @router.websocket("/events", name="model_events")
 async def model_events(
     websocket: WebSocket,
@@ -262,29 +269,16 @@ async def model_events(
 
     async def produce() -> None:
         nonlocal dropped
-        seen = None
         while True:
-            snap = runtime.snapshot
-            if snap is not seen:
-                seen = snap
-                if len(pending) >= limit:
-                    pending.popleft()
-                    dropped += 1
-                    telemetry.EVENTS_DROPPED.labels(name).inc()
-                pending.append(
-                    {
-                        "version": snap.version,
-                        "samples_seen": snap.version,
-                        "classes": snap.classes,
-                        "updates": updates(snap.counts),
-                        "verification": verification(snap),
-                        "metric_puts": snap.metric_puts,
-                        "time": time.time(),
-                    }
-                )
-                ready.set()
+            status = runtime.status()  # NotServedHere if the model moves: the socket closes
+            if len(pending) >= limit:
+                pending.popleft()
+                dropped += 1
+                runtime.metrics.events_dropped.inc()
+            pending.append(event_frame(status))
+            ready.set()
             await asyncio.sleep(interval_ms / 1000)
-            await runtime.wait_change(snap)
+            await runtime.wait_newer(status.snapshot)
 
     async def deliver() -> None:
         while True:
@@ -298,17 +292,18 @@ async def model_events(
             await websocket.receive_text()
 
     tasks = [asyncio.create_task(t()) for t in (produce, deliver, drain)]
-    telemetry.WS_CONNECTIONS.labels("events").inc()
+    telemetry.WS_OPEN["events"].inc()
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
-            if isinstance(task.exception(), ModelClosed):
-                problem = NotFound(f"model {name!r} was deleted").problem()
-                with contextlib.suppress(Exception):
-                    await websocket.send_json({"error": problem, "id": None})
-                    await websocket.close(CLOSE_NOT_FOUND)
+            exc = task.exception()
+            deleted = isinstance(exc, ModelClosed) and not exc.moved
+            if deleted or (runtime.closed and isinstance(exc, ModelClosed | NotServedHere)):
+                await _close_with(websocket, NotFound(f"model {name!r} was deleted"))
+            elif isinstance(exc, ModelClosed | NotServedHere):  # learned elsewhere from now on
+                await _close_with(websocket, NotServedHere(name), CLOSE_TRY_AGAIN)
     finally:
-        telemetry.WS_CONNECTIONS.labels("events").dec()
+        telemetry.WS_OPEN["events"].dec()
         for task in tasks:
             task.cancel()
         for task in tasks:

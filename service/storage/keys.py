@@ -1,7 +1,8 @@
 """Every Redis key name of the service, in one place.
 
 One model's keys share the hash tag ``{name}`` so a Lua script or MULTI touching them stays in
-one Redis Cluster slot. The only key outside a model's slot is the registry set.
+one Redis Cluster slot. Outside the models' slots: the registry set and the members hash (each
+a key of its own, touched alone), and the pub/sub channel of appends.
 
 >>> ModelKeys("faces").log
 'opml:{faces}:log'
@@ -17,6 +18,27 @@ PREFIX = "opml"
 
 #: Set of model names (the registry). Not hash-tagged: it spans models.
 REGISTRY = f"{PREFIX}:models"
+#: Hash of the live service processes: member id -> ``"<expiry ms> <info JSON>"`` (heartbeats).
+MEMBERS = f"{PREFIX}:members"
+#: Pub/sub channel: the append script publishes the model's name after each append, so the
+#: process that owns the model wakes at once, whichever process appended.
+APPENDED = f"{PREFIX}:appended"
+
+#: SCAN pattern of every model's meta hash (``{`` and ``}`` are literal in Redis patterns).
+META_PATTERN = f"{PREFIX}:{{*}}:meta"
+
+
+def name_of_meta(key: bytes) -> str:
+    """The model name of a meta key found by :data:`META_PATTERN`.
+
+    >>> name_of_meta(b"opml:{faces}:meta")
+    'faces'
+    """
+    text = key.decode()
+    head, tail = f"{PREFIX}:{{", "}:meta"
+    if not (text.startswith(head) and text.endswith(tail)):
+        raise ValueError(f"key: {text!r} is not a model's meta key")
+    return text[len(head) : -len(tail)]
 
 
 @dataclass(frozen=True)
@@ -31,7 +53,10 @@ class ModelKeys:
 
     @property
     def meta(self) -> str:
-        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``."""
+        """Hash: ``config`` (JSON), ``seq`` (last assigned seq), ``puts``, ``created_at``, and
+        ``applied`` (the owner's last applied seq, published per batch), and with
+        ``OPML_REDIS_WAIT_REPLICAS`` > 0 ``confirmed`` (the log id up to which appends are
+        confirmed by replicas). The model exists if and only if this key does."""
         return f"{self._base}:meta"
 
     @property

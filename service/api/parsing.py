@@ -1,12 +1,16 @@
-"""The one place where request values become arrays the core can trust.
+"""The one place where request bytes and values become what the engine and the core trust.
 
-Shapes and finiteness are checked by the core's validators (:mod:`service.core._validation`);
-their ``ValueError`` becomes a 422 problem whose ``errors`` item points at the bad field.
+* Bodies: :func:`json_body` (every JSON body of the API, through pydantic's one-pass
+  ``model_validate_json``), :func:`npz_arrays` (the binary gallery of ``distance``) and
+  :func:`distance_body` (either). Query parameters: :func:`min_version`. The FastAPI routes and
+  the lean path (:mod:`service.api.lean`) both call these, so they cannot disagree.
+* Values: shapes and finiteness are checked by the core's validators
+  (:mod:`service.core._validation`); their ``ValueError`` becomes a 422 problem whose
+  ``errors`` item points at the bad field (``loc``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 import math
 import struct
@@ -16,18 +20,126 @@ from dataclasses import dataclass
 from typing import IO, Any, TypeVar
 
 import numpy as np
+from pydantic import BaseModel, ValidationError
 
+from service.api.schemas import MAX_LABEL_CHARS, DistanceBody, Sample
 from service.core._validation import Array, check_matrix, check_metric, check_vector, label_key
-from service.errors import InvalidInput
-from service.models.schemas import MAX_LABEL_CHARS, Sample
+from service.errors import InvalidInput, UnsupportedMediaType
 
 T = TypeVar("T")
+B = TypeVar("B", bound=BaseModel)
+
+JSON = "application/json"
+NPZ = "application/x-npz"
+NPY = "application/x-npy"
 
 
 def invalid(loc: list[str | int], msg: str) -> InvalidInput:
     """A 422 for the field at ``loc``."""
-    where = ".".join(str(p) for p in loc)
-    return InvalidInput(f"{where}: {msg}", [{"loc": loc, "msg": msg, "type": "value_error"}])
+    return invalid_request([{"loc": loc, "msg": msg, "type": "value_error"}])
+
+
+def invalid_request(items: list[dict[str, Any]]) -> InvalidInput:
+    """The 422 of a list of ``{loc, msg, type}`` items; its detail names the first one."""
+    first = items[0] if items else {"loc": [], "msg": "invalid request"}
+    where = ".".join(str(p) for p in first["loc"])
+    return InvalidInput(f"{where}: {first['msg']}", items)
+
+
+def error_items(exc: ValidationError, prefix: tuple[str | int, ...] = ()) -> list[dict[str, Any]]:
+    """pydantic's errors as ``{loc, msg, type}`` items (no input echo), under ``prefix``."""
+    return [
+        {"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]}
+        for e in exc.errors(include_url=False, include_context=False, include_input=False)
+    ]
+
+
+# -- bodies and query parameters --------------------------------------------------------------
+
+
+def media_type(content_type: str | None) -> str:
+    """``type/subtype`` of a ``Content-Type`` header, lower case ('' when absent).
+
+    >>> media_type("Application/JSON; charset=utf-8")
+    'application/json'
+    """
+    return (content_type or "").split(";", 1)[0].strip().lower()
+
+
+def _is_json(media: str) -> bool:
+    return media in ("", JSON) or (media.startswith("application/") and media.endswith("+json"))
+
+
+def check_media_type(content_type: str | None, accepted: tuple[str, ...] = (JSON,)) -> str:
+    """The body's media type if the route reads it (no header: JSON); 415 otherwise."""
+    media = media_type(content_type)
+    if _is_json(media) and JSON in accepted:
+        return JSON
+    if media in accepted:
+        return media
+    raise UnsupportedMediaType(
+        f"a body of type {media!r} is not accepted here; send "
+        + " or ".join(f"'Content-Type: {a}'" for a in accepted),
+        accepted=list(accepted),
+    )
+
+
+def json_body(model: type[B], content_type: str | None, body: bytes) -> B:
+    """The request body as ``model``, parsed and validated in one pass; 415 for another media
+    type, 422 (``loc`` under ``body``) for anything else wrong.
+
+    >>> json_body(DistanceBody, "application/json", b'{"a": [1], "b": [2]}').b
+    [2.0]
+    >>> json_body(DistanceBody, None, b'{"a": [1]}')
+    Traceback (most recent call last):
+    ...
+    service.errors.InvalidInput: body.b: Field required
+    """
+    check_media_type(content_type)
+    if not body:
+        raise invalid_request([{"loc": ["body"], "msg": "Field required", "type": "missing"}])
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise invalid_request(error_items(exc, ("body",))) from None
+
+
+#: ``min_version`` has at most this many digits (a seq fits in 64 bits: 20 digits).
+_MAX_DIGITS = 20
+
+
+def min_version(raw: str | None) -> int | None:
+    """The ``min_version`` query parameter: a seq, 0 or more (None when absent).
+
+    >>> min_version("12"), min_version(None), min_version("9" * 19)
+    (12, None, 9999999999999999999)
+    """
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > _MAX_DIGITS:
+        raise invalid(
+            ["query", "min_version"],
+            f"must be a seq: an integer >= 0 of at most {_MAX_DIGITS} digits",
+        )
+    return int(raw)
+
+
+#: Arrays of the ``.npz`` body of one-to-many ``distance``: name -> number of dimensions.
+DISTANCE_NPZ = {"a": 1, "b": 2}
+
+
+def distance_body(content_type: str | None, body: bytes, max_bytes: int) -> tuple[Any, Any]:
+    """``(a, b)`` of a ``distance`` body: JSON (lists), or ``.npz`` (arrays, shapes checked)."""
+    if check_media_type(content_type, (JSON, NPZ)) == NPZ:
+        arrays = npz_arrays(body, DISTANCE_NPZ, max_bytes)
+        return arrays["a"], arrays["b"]
+    parsed = json_body(DistanceBody, content_type, body)
+    return parsed.a, parsed.b
+
+
+def wants_npy(accept: str | None) -> bool:
+    """``Accept`` asks for ``.npy`` bytes."""
+    return bool(accept) and NPY in accept  # type: ignore[operator]
 
 
 def _checked(loc: list[str | int], fn: Callable[[], T]) -> T:
@@ -137,13 +249,6 @@ def block(b: Block) -> tuple[Array, list[str]]:
     return X, [label(v, ["y", i]) for i, v in enumerate(b.y)]
 
 
-def fingerprint(X: Array, keys: list[str]) -> str:
-    """A digest of a request's samples (an idempotency key reused with other samples is 409)."""
-    h = hashlib.sha256(np.ascontiguousarray(X).tobytes())
-    h.update("\x00".join(keys).encode())
-    return h.hexdigest()[:32]
-
-
 def finite_or_422(values: Array, what: str) -> Array:
     """``values`` if all finite; else 422 (a float64 overflow must not become JSON Infinity)."""
     if not np.isfinite(values).all():
@@ -156,8 +261,6 @@ def finite_or_422(values: Array, what: str) -> Array:
 
 # -- binary bodies (.npz in, .npy out) --------------------------------------------------------
 
-NPZ = "application/x-npz"
-NPY = "application/x-npy"
 #: Item sizes of the float dtypes a binary array may have (either byte order); computed in
 #: float64.
 _FLOAT_SIZES = (4, 8)

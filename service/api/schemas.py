@@ -1,7 +1,7 @@
 """Request and response bodies of the HTTP/WS contract (pydantic; they make the OpenAPI schema).
 
 Shapes are checked here; values that depend on the model (vector length ``dim``, finiteness)
-are checked in one place, :mod:`service.models.inputs`.
+are checked in one place, :mod:`service.api.parsing`.
 """
 
 from __future__ import annotations

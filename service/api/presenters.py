@@ -1,0 +1,95 @@
+"""How the engine's read models are shown on the wire: the model document, the ``/events``
+frame, the verification summary, and the threshold a ``verify`` uses.
+
+Both documents are made from one :class:`~service.engine.status.ModelStatus` (one snapshot), so
+the model document, ``/events`` and the Prometheus collector (:mod:`service.api.observe`) show
+the same numbers.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from service.core.calibration import MIN_PAIRS
+from service.core.certificates import served_threshold
+from service.engine.snapshot import Snapshot
+from service.engine.status import ModelStatus
+
+
+def updates(counts: dict[str, int]) -> dict[str, int]:
+    """Steps by outcome as the contract names them (``triplet`` includes ``shrunk``)."""
+    return {
+        "triplet": counts["triplet_update"] + counts["shrunk_update"],
+        "shrunk": counts["shrunk_update"],
+        "pair": counts["pair_update"],
+        "passive": counts["passive"],
+        "new_class": counts["new_class"],
+        "single_class": counts["single_class"],
+        "skipped": counts["skipped"],
+    }
+
+
+def verification(snap: Snapshot) -> dict[str, Any]:
+    """The calibration window's verdict."""
+    cal = snap.calibration
+    return {
+        "threshold": cal.threshold,
+        "calibrated": cal.calibrated,
+        "eer": cal.eer,
+        "accuracy": cal.accuracy,
+        "pairs": cal.pairs,
+        "min_pairs": MIN_PAIRS,
+    }
+
+
+def _live(snap: Snapshot) -> dict[str, Any]:
+    """What the model document and ``/events`` frames both say about the live state."""
+    return {
+        "version": snap.version,
+        "samples_seen": snap.version,
+        "classes": snap.classes,
+        "updates": updates(snap.counts),
+        "verification": verification(snap),
+        "metric_puts": snap.metric_puts,
+    }
+
+
+def model_document(status: ModelStatus) -> dict[str, Any]:
+    """The Model document of the contract (``ModelOut``)."""
+    snap = status.snapshot
+    c = status.config
+    return {
+        "name": status.name,
+        "dim": c.dim,
+        "algorithm": c.algorithm,
+        "gamma": c.gamma,
+        "gamma_pair": c.gamma_pair,
+        "margin": c.margin,
+        "normalize": c.normalize,
+        "seed": c.seed,
+        "calibration_window": c.calibration_window,
+        **_live(snap),
+        "logged_seq": status.logged_seq,
+        "checkpoint": {
+            "seq": status.checkpoint_seq,
+            "age_s": None
+            if status.checkpoint_at is None
+            else max(0.0, time.time() - status.checkpoint_at),
+        },
+        "created_at": status.created_at,
+        "owner": status.owner,
+        "fencing_token": status.fencing_token,
+        "staleness_s": status.staleness_s,
+    }
+
+
+def event_frame(status: ModelStatus) -> dict[str, Any]:
+    """One ``/events`` frame (``dropped`` is added when it is sent)."""
+    return {**_live(status.snapshot), "time": time.time()}
+
+
+def verify_threshold(snap: Snapshot, given: float | None) -> tuple[float, str]:
+    """The threshold a verify uses and where it came from: the core's rule (the one
+    certificates certify by default, :func:`service.core.certificates.served_threshold`)."""
+    return served_threshold(snap.calibration, snap.metric.config.margin, given)

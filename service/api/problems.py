@@ -1,0 +1,151 @@
+"""Every error answer of the API as RFC 9457 ``application/problem+json``, decided here once.
+
+A :class:`~service.errors.ServiceError` (the domain's errors), FastAPI's request validation
+errors, Starlette's HTTP errors (unknown route, wrong method, a body over the limit), Redis
+failures (503) and anything unexpected (500, no traceback in the body) all become a problem
+document: ``type`` (``/problems/<slug>``), ``title``, ``status``, ``detail`` and the error's
+own members (``errors``, ``retry_after`` ...).
+
+>>> from service.errors import NotFound
+>>> problem(NotFound("model 'x' does not exist"))["status"]
+404
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service import telemetry
+from service.api.parsing import invalid_request
+from service.errors import Forbidden, ServiceError, Unauthorized, Unavailable
+from service.storage.store import NotReplicated
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+#: Base of the ``type`` URIs (relative references, RFC 9457 Sec. 3.1.1).
+TYPE_BASE = "/problems/"
+
+#: Status code and title of each problem type.
+STATUS: dict[str, tuple[int, str]] = {
+    "validation": (422, "Invalid input"),
+    "unauthorized": (401, "Unauthorized"),
+    "forbidden": (403, "Forbidden"),
+    "not-found": (404, "Not found"),
+    "conflict": (409, "Conflict"),
+    "payload-too-large": (413, "Payload too large"),
+    "unsupported-media-type": (415, "Unsupported media type"),
+    "limit-exceeded": (422, "Limit exceeded"),
+    "unavailable": (503, "Service unavailable"),
+    "internal": (500, "Internal error"),
+    "bad-request": (400, "Bad request"),
+    "method-not-allowed": (405, "Method not allowed"),
+}
+
+log = logging.getLogger("service.errors")
+
+
+class HttpError(ServiceError):
+    """An error the HTTP layer itself raises (unknown route, wrong method, ...) with its
+    status code; a status without a problem type of its own is ``http-<status>``."""
+
+    def __init__(self, status: int, detail: str, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.headers = dict(headers or {})
+        self.slug = next((s for s, (code, _) in STATUS.items() if code == status), f"http-{status}")
+
+
+def status_of(error: ServiceError) -> int:
+    if isinstance(error, HttpError):
+        return error.status
+    return STATUS.get(error.slug, STATUS["internal"])[0]
+
+
+def problem(error: ServiceError) -> dict[str, Any]:
+    """The problem document of ``error`` (JSON-safe)."""
+    status = status_of(error)
+    title = STATUS.get(error.slug, (status, "HTTP error"))[1]
+    body: dict[str, Any] = {
+        "type": TYPE_BASE + error.slug,
+        "title": title,
+        "status": status,
+        "detail": error.detail,
+    }
+    body.update(jsonable_encoder(error.extra))
+    return body
+
+
+def headers_of(error: ServiceError) -> dict[str, str]:
+    """The HTTP headers an error's answer carries (``Retry-After``, ``WWW-Authenticate``)."""
+    if isinstance(error, Unavailable):
+        return {"Retry-After": str(error.retry_after)}
+    if isinstance(error, Unauthorized | Forbidden):
+        return {"WWW-Authenticate": error.challenge}
+    if isinstance(error, HttpError):
+        return error.headers
+    return {}
+
+
+def problem_response(error: ServiceError) -> JSONResponse:
+    """The HTTP answer for ``error``."""
+    return JSONResponse(
+        problem(error),
+        status_code=status_of(error),
+        headers=headers_of(error),
+        media_type=PROBLEM_MEDIA_TYPE,
+    )
+
+
+def from_redis(exc: RedisError) -> Unavailable:
+    """The 503 a failed Redis call turns into (a redirect of Redis Cluster never gets here:
+    the cluster client follows it; a failover in progress does, and passes)."""
+    if isinstance(exc, NotReplicated):  # its message says what to do
+        return Unavailable(str(exc))
+    return Unavailable(f"Redis is unavailable ({type(exc).__name__}); retry shortly")
+
+
+def validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """FastAPI/pydantic error items reduced to ``{loc, msg, type}`` (no input echo)."""
+    return [
+        {"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type"))}
+        for e in errors
+    ]
+
+
+def install(app: FastAPI) -> None:
+    """Register the one mapping from exceptions to problem+json answers."""
+
+    async def on_service_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ServiceError)
+        return problem_response(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return problem_response(invalid_request(validation_errors(exc.errors())))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        return problem_response(HttpError(exc.status_code, str(exc.detail), exc.headers))
+
+    async def on_redis(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RedisError)
+        telemetry.REDIS_ERROR["api"].inc()
+        return problem_response(from_redis(exc))
+
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return problem_response(ServiceError("an unexpected error occurred; see the service log"))
+
+    app.add_exception_handler(ServiceError, on_service_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(RedisError, on_redis)
+    app.add_exception_handler(Exception, on_unexpected)

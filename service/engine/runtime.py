@@ -1,0 +1,396 @@
+"""One model at run time: its writer, lease, admission control, results, and the operations on
+it (ingest, replace the metric, read a snapshot), in the domain's terms: arrays and class keys
+in, results out; nothing here knows HTTP.
+
+The parts, each in a module named for its job:
+
+* :mod:`service.engine.writer` -- the single writer task: log -> learner -> snapshots,
+  checkpoints;
+* :mod:`service.engine.snapshot` -- the immutable snapshots queries read, and waits on them;
+* :mod:`service.engine.lease` -- whether this process owns the model (applies and checkpoints);
+* :mod:`service.engine.admission` -- learner backpressure before an append;
+* :mod:`service.engine.results` -- per-sample results for ``?wait=true``;
+* :mod:`service.storage.group_commit` -- the model's append queue (one Lua call for the requests
+  and frames that arrive together).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from redis.exceptions import RedisError
+
+from service import telemetry
+from service.config import Settings
+from service.core import LearnerConfig
+from service.core._validation import Array
+from service.engine.admission import Admission, unapplied_limit
+from service.engine.lease import Lease
+from service.engine.results import StepResultsKeeper
+from service.engine.snapshot import ModelClosed, Snapshot
+from service.engine.status import ModelStatus
+from service.engine.tasks import stop_task
+from service.engine.writer import Writer
+from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
+from service.storage.codec import StreamId, encode_vector, sample_id
+from service.storage.group_commit import GroupCommit
+from service.storage.store import Appended, Group, NoSuchModel, Store, TooManyClasses
+
+log = logging.getLogger("service.runtime")
+
+#: How often a process that appends to a model another process learns re-reads the owner's
+#: published progress while an append waits for room (admission control).
+FOLLOWER_POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    """What an ingestion gets back: its seqs, whether it replayed an earlier answer, and with
+    ``wait`` the version that includes it and its per-sample results (None when a replay's
+    results are no longer kept)."""
+
+    accepted: int
+    first_seq: int
+    last_seq: int
+    replayed: bool
+    version: int | None = None
+    results: list[dict[str, Any]] | None = None
+
+
+def fingerprint(X: Array, keys: list[str]) -> str:
+    """A digest of an append's samples (an idempotency key reused with other samples is 409).
+
+    >>> fingerprint(np.zeros((1, 2)), ["a"]) == fingerprint(np.zeros((1, 2)), ["a"])
+    True
+    """
+    h = hashlib.sha256(np.ascontiguousarray(X).tobytes())
+    h.update("\x00".join(keys).encode())
+    return h.hexdigest()[:32]
+
+
+class NotServedHere(Unavailable):
+    """The operation needs the model's learner, which this process does not hold (another
+    process owns the model, or is taking it over): retry shortly (the API forwards such
+    requests to the owner, so this is only met while the model changes hands)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"model {name!r} is changing hands between service processes; retry shortly",
+            retry_after=1,
+        )
+
+
+class ModelRuntime:
+    """The live state of one model and the operations on it (see the module docstring).
+
+    Every process that knows the model has one: it can append samples to the log (ingestion is
+    served by any process). Only the process that owns the model (holds its lease) also has a
+    :class:`~service.engine.writer.Writer` (the learner, snapshots, checkpoints), between
+    :meth:`activate` and :meth:`deactivate`; the operations that read or wait for the learner
+    raise :class:`NotServedHere` elsewhere (the API forwards those requests to the owner).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        config: LearnerConfig,
+        created_at: float,
+        store: Store,
+        settings: Settings,
+        owner_id: str,
+    ) -> None:
+        self.name = name
+        self.config = config
+        self.created_at = created_at
+        self.settings = settings
+        self.store = store
+        self.metrics = telemetry.ModelMetrics(name)
+        self.lease = Lease(store, name, owner_id, created_at, settings.lease_ttl_s)
+        self.results = StepResultsKeeper()
+        self.writer: Writer | None = None
+        self.admission = Admission(
+            unapplied_limit(config.dim, settings.batch_max, settings.max_unapplied),
+            self,
+            self.metrics.backpressure_wait,
+        )
+        #: Appends to this model's log go through one queue (group commit).
+        self.appender = GroupCommit(
+            store,
+            name,
+            ttl_ms=settings.idempotency_ttl_s * 1000,
+            max_classes=settings.max_classes,
+            max_samples=settings.max_batch,
+        )
+        self.closed = False  # deleted (or the service is stopping)
+        self._loading: asyncio.Task[None] | None = None
+        #: Follower view of the log: the highest seq known logged, and the owner's applied seq.
+        self._logged = 0
+        self._applied_elsewhere = 0
+        self._room = asyncio.Event()  # set when an append finished while others wait for room
+
+    # -- who learns the model ----------------------------------------------------------------
+
+    @property
+    def serving(self) -> bool:
+        """True while this process learns the model and can answer for its state: it holds
+        the lease and has applied the log it found when it took the model over."""
+        w = self.writer
+        return w is not None and self.lease.held and w.caught_up.is_set()
+
+    def _writer(self) -> Writer:
+        if self.writer is None or not self.lease.held:
+            raise NotServedHere(self.name)
+        return self.writer
+
+    @property
+    def snapshot(self) -> Snapshot:
+        """The latest published snapshot (NotServedHere where another process learns)."""
+        return self._writer().board.current
+
+    async def claim(self) -> bool:
+        """Renew or take the lease; True when it was just taken (a Redis error is raised)."""
+        taken = await self.lease.claim()
+        if taken and self.writer is not None:
+            self.writer.kick()  # a checkpoint may be due
+        return taken
+
+    def activate(self) -> asyncio.Task[None]:
+        """Start learning the model (we hold the lease): load its latest checkpoint and replay
+        the log tail in the background; :attr:`serving` once caught up."""
+        writer = Writer(
+            self.name,
+            self.config,
+            self.store,
+            self.settings,
+            self.lease,
+            self.results,
+            self.metrics,
+        )
+        self.writer = writer
+
+        async def load() -> None:
+            delay = 0.1
+            while self.writer is writer:
+                try:
+                    await writer.load()
+                    writer.start()
+                    return
+                except RedisError as exc:
+                    telemetry.REDIS_ERROR["loader"].inc()
+                    log.warning("%s: loading: Redis unavailable (%s); retrying", self.name, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 2.0)
+
+        self._loading = asyncio.create_task(load(), name=f"load:{self.name}")
+        return self._loading
+
+    async def caught_up(self) -> None:
+        """Wait until this process serves the model (after :meth:`activate`)."""
+        if self._loading is not None:
+            await self._loading
+        if self.writer is not None:
+            await self.writer.caught_up.wait()
+
+    async def deactivate(self, *, checkpoint: bool, closing: bool = False) -> None:
+        """Stop learning the model: the writer finishes its batch; with ``checkpoint`` (and
+        while we hold the lease) a final checkpoint is written and the lease handed back, so
+        another process takes over at once. ``closing``: the model is being deleted (waiters
+        get NotFound, not "moved")."""
+        writer, self.writer = self.writer, None
+        if self._loading is not None:
+            await stop_task(self._loading)
+            self._loading = None
+        if writer is None:
+            return
+        try:
+            await writer.stop(final_checkpoint=checkpoint, moved=not closing)
+            if checkpoint:
+                await self.lease.release()
+        except RedisError as exc:
+            telemetry.REDIS_ERROR["writer"].inc()
+            log.warning("%s: final checkpoint failed (%s); the log keeps it", self.name, exc)
+        finally:
+            self.lease.token = None
+            self.metrics.not_learning()
+            self._logged = max(self._logged, writer.logged_seq)
+
+    async def close(self) -> None:
+        """The model is deleted: stop without a checkpoint; waiters get NotFound."""
+        self.closed = True
+        self._room.set()
+        await self.deactivate(checkpoint=False, closing=True)
+
+    async def wait_newer(self, seen: Snapshot) -> Snapshot:
+        """The first snapshot after ``seen`` (ModelClosed when the model goes or moves)."""
+        return await self._writer().board.wait_newer(seen)
+
+    def status(self) -> ModelStatus:
+        """The model's status as of its latest snapshot (NotServedHere elsewhere)."""
+        w = self._writer()
+        return ModelStatus(
+            name=self.name,
+            config=self.config,
+            created_at=self.created_at,
+            snapshot=w.board.current,
+            logged_seq=max(w.logged_seq, w.board.current.version),
+            checkpoint_seq=w.checkpoint.seq,
+            checkpoint_at=w.checkpoint.at,
+            owner=self.lease.held,
+            fencing_token=self.lease.token,
+            staleness_s=None if w.synced_at is None else max(0.0, time.monotonic() - w.synced_at),
+        )
+
+    # -- progress of the learner (for admission control) --------------------------------------
+
+    def backlog(self) -> int:
+        """Logged samples the learner has not applied (:class:`~service.engine.admission.
+        Progress`): our writer's position, or the one the owner publishes in Redis."""
+        w = self.writer
+        if w is not None:
+            return w.logged_seq - w.board.current.version
+        return self._logged - self._applied_elsewhere
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Wait for the backlog to move: a new snapshot here; elsewhere, an append of ours
+        finishing or, polled every few ms, the owner's published progress."""
+        if self.closed:
+            raise ModelClosed()
+        w = self.writer
+        if w is not None:
+            await w.board.wait_changed(timeout)
+            return
+        self._room.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._room.wait(), min(timeout, FOLLOWER_POLL_S))
+        self._logged, self._applied_elsewhere = await self.store.progress(self.name)
+
+    # -- operations ----------------------------------------------------------------------------
+
+    async def ingest(
+        self, X: Array, keys: list[str], *, idempotency_field: str = "", wait: bool = False
+    ) -> IngestResult:
+        """Append validated samples (rows of ``X``, their class keys) atomically to the log,
+        and with ``wait`` wait until they are applied."""
+        token = self.results.want(self.snapshot.version) if wait else None  # needs the learner
+        try:
+            appended = await self._append(X, keys, idempotency_field)
+            n = appended.last_seq - appended.first_seq + 1
+            if token is None:
+                return IngestResult(n, appended.first_seq, appended.last_seq, appended.replayed)
+            self.results.raise_floor(token, appended.first_seq - 1)
+            await self._wait_applied((appended.last_seq, 1), appended.first_seq, appended.last_seq)
+            return IngestResult(
+                n,
+                appended.first_seq,
+                appended.last_seq,
+                appended.replayed,
+                self.snapshot.version,
+                self.results.results(appended.first_seq, appended.last_seq),
+            )
+        finally:
+            if token is not None:
+                self.results.release(token)
+
+    async def _append(self, X: Array, keys: list[str], idempotency_field: str) -> Appended:
+        """Admit (backpressure), then log the samples atomically."""
+        s = self.settings
+        digest = fingerprint(X, keys)
+        try:
+            room = await self.admission.wait_room(len(keys), s.apply_wait_s)  # in call order
+        except ModelClosed:
+            raise NotFound(f"model {self.name!r} was deleted") from None
+        if self.closed:
+            raise NotFound(f"model {self.name!r} was deleted")
+        if not room:
+            raise Unavailable(
+                f"the learner is {self.admission.unapplied} samples behind the log (more than "
+                f"{self.admission.limit}: OPML_MAX_UNAPPLIED) and did not catch up within "
+                f"{s.apply_wait_s:g} s; nothing was logged, retry later",
+                retry_after=2,
+            )
+        try:
+            # No await between the room check and this enqueue: calls are logged in call order.
+            appended = await self.appender.append(
+                Group(encode_vector(X), keys, idempotency_field, digest)
+            )
+            if not appended.replayed:
+                self._notify_logged(appended.last_seq)  # before admission.done: no gap
+        except NoSuchModel:
+            raise NotFound(f"model {self.name!r} does not exist") from None
+        except TooManyClasses as exc:
+            raise LimitExceeded(
+                f"the model has {exc.have} classes; at most {s.max_classes} per model "
+                "(OPML_MAX_CLASSES)"
+            ) from None
+        finally:
+            if self.admission.done(len(keys)):  # a failed append frees room without progress
+                self._wake_admission()
+        if appended.replayed and appended.fingerprint != digest:
+            raise Conflict(
+                "this idempotency key / frame id was used for different samples",
+                first_seq=appended.first_seq,
+                last_seq=appended.last_seq,
+            )
+        return appended
+
+    def _notify_logged(self, last_seq: int) -> None:
+        self._logged = max(self._logged, last_seq)
+        if self.writer is not None:
+            self.writer.notify_logged(last_seq)
+
+    def _wake_admission(self) -> None:
+        if self.writer is not None:
+            self.writer.board.wake()
+        self._room.set()
+
+    async def _reached(self, target: StreamId, timeout: float) -> bool:
+        """Wait (bounded) until log entry ``target`` is applied; NotFound if the model goes,
+        NotServedHere if its learning moves to another process meanwhile."""
+        try:
+            return await self._writer().board.wait_applied(target, timeout)
+        except ModelClosed as exc:
+            if exc.moved:
+                raise NotServedHere(self.name) from None
+            raise NotFound(f"model {self.name!r} was deleted") from None
+
+    async def _wait_applied(self, target: StreamId, first: int, last: int) -> None:
+        if not await self._reached(target, self.settings.apply_wait_s):
+            raise Unavailable(
+                f"logged as seqs {first}..{last} (entry {sample_id(last)}) but not applied "
+                f"within {self.settings.apply_wait_s:g} s; query with min_version={last}",
+                retry_after=2,
+                first_seq=first,
+                last_seq=last,
+            )
+
+    async def put_metric(self, L: Array) -> None:
+        """Log a metric replacement after every sample logged so far; wait until applied."""
+        self._writer()  # only the process that learns the model takes it
+        try:
+            entry = await self.store.append_metric(self.name, encode_vector(L))
+        except NoSuchModel:
+            raise NotFound(f"model {self.name!r} does not exist") from None
+        self._notify_logged(entry[0])
+        await self._wait_applied(entry, entry[0], entry[0])
+
+    async def read(self, min_version: int | None) -> Snapshot:
+        """The latest snapshot, after waiting (bounded) for ``min_version`` if given."""
+        snap = self.snapshot
+        if min_version is None or snap.version >= min_version:
+            return snap
+        wait_s = self.settings.min_version_wait_s
+        if not await self._reached((min_version, 1), wait_s):
+            raise Unavailable(
+                f"version {min_version} not reached within {wait_s:g} s (now "
+                f"{self.snapshot.version}, logged {self._writer().logged_seq})",
+                retry_after=1,
+                version=self.snapshot.version,
+            )
+        return self.snapshot

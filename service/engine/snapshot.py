@@ -1,0 +1,125 @@
+"""What queries read: immutable snapshots of a model, and the board they are published on.
+
+The writer (:mod:`service.engine.writer`) applies the log in batches and publishes a
+:class:`Snapshot` after each one; queries only ever read the latest snapshot, so they never see
+a half-applied batch, and each answer's ``version`` is the seq of the last sample applied to
+that snapshot. :class:`SnapshotBoard` holds the current snapshot and wakes whoever waits for a
+change (a ``min_version`` query, a ``?wait=true`` ingestion, an ``/events`` reader, an append
+held back by admission control).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.core import Calibration, Learner
+from service.storage.codec import StreamId
+
+
+class ModelClosed(Exception):
+    """The model was deleted, or (``moved``) its learning moved to another process or the
+    service is stopping, while a request waited on it."""
+
+    def __init__(self, moved: bool = False) -> None:
+        super().__init__("moved" if moved else "closed")
+        self.moved = moved
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable view of a model after some applied log prefix.
+
+    ``metric`` is a private :class:`Learner` holding only a copy of ``L``; the queries call its
+    methods, so their arithmetic is the core's own. ``frobenius_norm`` (``||L||_F``, O(d^2) on
+    that copy) and ``hinge_loss`` (mean hinge of the calibration window) are for telemetry.
+    """
+
+    version: int
+    applied: StreamId
+    metric: Learner
+    counts: dict[str, int]
+    classes: int
+    calibration: Calibration
+    metric_puts: int
+    frobenius_norm: float
+    hinge_loss: float | None
+
+    @classmethod
+    def of(cls, learner: Learner, applied: StreamId, metric_puts: int) -> Snapshot:
+        """A snapshot of ``learner`` as of log position ``applied`` (copies ``L``)."""
+        metric = Learner(learner.config)
+        metric.set_metric(learner.L)
+        window, _ = learner.calibrator.to_state()
+        hinge = np.maximum(learner.config.margin + window[:, 0] - window[:, 1], 0.0)  # Eq. 4
+        return cls(
+            version=learner.version,
+            applied=applied,
+            metric=metric,
+            counts=learner.counts,
+            classes=learner.n_classes,
+            calibration=learner.calibrator.calibration(),
+            metric_puts=metric_puts,
+            frobenius_norm=float(np.linalg.norm(metric.L)),
+            hinge_loss=float(hinge.mean()) if len(hinge) else None,
+        )
+
+
+class SnapshotBoard:
+    """The current snapshot of one model, and the waits on it.
+
+    >>> from service.core import LearnerConfig
+    >>> board = SnapshotBoard(Snapshot.of(Learner(LearnerConfig(dim=2)), (0, 0), 0))
+    >>> board.current.version, board.closed
+    (0, None)
+    """
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.current = snapshot
+        self.closed: ModelClosed | None = None
+        self._changed = asyncio.Event()
+
+    def publish(self, snapshot: Snapshot) -> None:
+        """Make ``snapshot`` the one queries read, and wake every waiter."""
+        self.current = snapshot
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake everyone waiting for a change (new snapshot, room for appends, closing)."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def close(self, *, moved: bool) -> None:
+        """No more snapshots: every waiter gets :class:`ModelClosed` (``moved``: the model
+        still exists, another process will learn it)."""
+        self.closed = ModelClosed(moved)
+        self.wake()
+
+    async def wait_changed(self, timeout: float | None) -> None:
+        """Wait for the next :meth:`wake` (at most ``timeout`` seconds)."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    async def wait_applied(self, target: StreamId, timeout: float) -> bool:
+        """Wait until the log entry ``target`` is applied; False if ``timeout`` runs out."""
+        deadline = time.monotonic() + timeout
+        while self.current.applied < target:
+            if self.closed is not None:
+                raise self.closed
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            await self.wait_changed(remaining)
+        return True
+
+    async def wait_newer(self, seen: Snapshot) -> Snapshot:
+        """The first snapshot published after ``seen`` (ModelClosed if the model closes)."""
+        while self.current is seen and self.closed is None:
+            await self.wait_changed(None)
+        if self.closed is not None:
+            raise self.closed
+        return self.current

@@ -1,0 +1,289 @@
+"""The single writer of one model: reads its log in order, learns, publishes, checkpoints.
+
+The writer task is the only code that touches the model's :class:`~service.core.Learner`. It
+reads the log in id order after the last applied entry, applies a batch (decoding, learning
+and building the snapshot in a worker thread, so the event loop keeps answering), then
+publishes an immutable :class:`~service.engine.snapshot.Snapshot` on the model's board. Batches
+hold about ``min(OPML_BATCH_MAX, 2^24 / d^2)`` samples (about constant learning time per batch),
+so snapshots are published often at any dimension.
+
+Start-up: the latest checkpoint (or a fresh learner) plus a replay of the log tail. Because the
+RNG state is part of the checkpoint and the log is the order of application, the result equals
+applying every logged sample exactly once, in order.
+
+A writer runs only in the process that owns the model (holds its lease): the others hold no
+learner state for it at all. Checkpoints, each with the lease's fencing token: every
+``OPML_CHECKPOINT_EVERY`` samples or ``OPML_CHECKPOINT_INTERVAL_S`` after the first unsaved
+change, and on a graceful stop or hand-over; each one trims the log behind it. After every batch
+the writer also publishes its applied seq in the model's meta hash (in the same round trip as
+its next read), for the admission control of processes that append but do not learn.
+
+It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
+when the registry relays an append made through another process (the ``opml:appended``
+pub/sub channel), and at the latest every ``OPML_POLL_INTERVAL_S``. If it finds a checkpoint
+past its own position, another process has taken the model over: it stops applying and gives
+the lease up (the registry then drops it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from redis.exceptions import RedisError
+
+from service import telemetry
+from service.config import Settings
+from service.core import Learner, LearnerConfig, StepResults
+from service.engine.admission import samples_per_batch
+from service.engine.lease import Lease
+from service.engine.results import StepResultsKeeper
+from service.engine.snapshot import Snapshot, SnapshotBoard
+from service.storage import checkpoint
+from service.storage.codec import StreamId, after, decode_entry, decode_vector, format_id
+from service.storage.store import Fenced, Store
+
+log = logging.getLogger("service.writer")
+
+#: Log entries as read: (id, fields).
+Entries = list[tuple[StreamId, dict[bytes, bytes]]]
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What the latest known checkpoint covers (``seq``) and when it was written."""
+
+    seq: int = 0
+    at: float | None = None
+
+
+class Writer:
+    """The writer task of one model (see the module docstring)."""
+
+    def __init__(
+        self,
+        name: str,
+        config: LearnerConfig,
+        store: Store,
+        settings: Settings,
+        lease: Lease,
+        results: StepResultsKeeper,
+        metrics: telemetry.ModelMetrics,
+    ) -> None:
+        self.name = name
+        self.store = store
+        self.settings = settings
+        self.lease = lease
+        self.results = results
+        self.metrics = metrics
+        self.learner = Learner(config)
+        self.metric_puts = 0
+        self.board = SnapshotBoard(Snapshot.of(self.learner, (0, 0), 0))
+        #: The highest seq known to be logged (our appends, the log, the applied state).
+        self.logged_seq = 0
+        self.checkpoint = CheckpointInfo()
+        #: Monotonic time of the latest log read that reached the end of the log.
+        self.synced_at: float | None = None
+        #: Set once the log found at start-up has been applied.
+        self.caught_up = asyncio.Event()
+        self.samples_per_batch = samples_per_batch(config.dim, settings.batch_max)
+        self._kick = asyncio.Event()
+        self._stopping = False
+        self._task: asyncio.Task[None] | None = None
+        self._since_checkpoint = 0  # samples applied since the last checkpoint
+        self._dirty_since: float | None = None
+        self._saved: StreamId | None = None  # log position of our latest checkpoint
+        self._per_entry = 1.0  # samples per log entry in the latest batch
+        self._replaying = False  # applying the log tail found at start-up
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Restore the latest checkpoint (the log tail is replayed by the writer task)."""
+        self._replaying = True
+        fields = await self.store.read_checkpoint(self.name)
+        self.notify_logged(await self.store.logged_seq(self.name))
+        if fields is not None:
+            self._restore(checkpoint.decode(*fields, dim=self.learner.dim))
+        self.metrics.learning(self.learner.counts)
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"writer:{self.name}")
+
+    async def stop(self, *, final_checkpoint: bool, moved: bool) -> None:
+        """Let the task finish its batch; then (``final_checkpoint``, while we own the model)
+        write a final checkpoint. Every waiter on the board gets ModelClosed (``moved``: the
+        model lives on elsewhere)."""
+        self._stopping = True
+        self._kick.set()
+        if self._task is not None:
+            await self._task
+        self.board.close(moved=moved)
+        if final_checkpoint and self.lease.held and self.board.current.applied != self._saved:
+            await self._write_checkpoint()
+
+    def notify_logged(self, last_seq: int) -> None:
+        """Samples up to ``last_seq`` are in the log: wake the task."""
+        self.logged_seq = max(self.logged_seq, last_seq)
+        self._kick.set()
+
+    def kick(self) -> None:
+        """Look at the log (and whether a checkpoint is due) now."""
+        self._kick.set()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._stopping:
+            try:
+                got = await self._step()
+                backoff = 0.1
+                if not got:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._kick.wait(), self.settings.poll_interval_s)
+            except RedisError as exc:
+                telemetry.REDIS_ERROR["writer"].inc()
+                log.warning("%s: Redis error in the writer (%s); retrying", self.name, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+            except Exception:
+                log.exception("%s: writer failed; retrying", self.name)
+                await asyncio.sleep(1.0)
+
+    async def _step(self) -> bool:
+        """Read and apply one batch (checkpoint when due); False when the log had nothing."""
+        read_at = time.monotonic()
+        # Cleared before the read: an append that lands during the read sets it again, so the
+        # wait in the loop cannot sleep through it.
+        self._kick.clear()
+        per_batch = self.samples_per_batch  # about that many samples, however many per entry
+        count = max(1, min(per_batch, round(per_batch / self._per_entry)))
+        current = self.board.current
+        tail = await self.store.read_tail(
+            self.name, after(current.applied), count, applied=current.version
+        )
+        if tail.checkpoint_applied is not None and tail.checkpoint_applied > current.applied:
+            # Another process checkpointed past us: it owns the model now (we were paused past
+            # our lease, or fenced). Stop learning; the registry drops this writer.
+            self.lease.lose("another process checkpointed past this one's position")
+            self._stopping = True
+            return False
+        if tail.entries:
+            await self._apply(tail.entries)
+        if len(tail.entries) < count:
+            self.caught_up.set()
+            self._replaying = False
+            self.synced_at = read_at
+        if self.lease.held and self._checkpoint_due():
+            await self._write_checkpoint()
+        return bool(tail.entries)
+
+    async def _apply(self, entries: Entries) -> None:
+        started = time.perf_counter()
+        # Decoding, learning and building the snapshot all run in the worker thread (the
+        # compiled kernel releases the GIL), so the event loop stays free for ingestion and
+        # queries; only the bookkeeping below runs on it.
+        runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
+        for seqs, results in runs:
+            self.metrics.count_steps(results.counts())
+            if self._replaying:
+                self.metrics.replayed.inc(len(results))
+            self.results.record(seqs, results)
+        self._since_checkpoint += samples
+        self._per_entry = max(1.0, samples / len(entries))
+        if self._dirty_since is None:
+            self._dirty_since = time.monotonic()
+        self._publish(snapshot)
+        self.metrics.update_duration.observe(time.perf_counter() - started)
+
+    def _apply_entries(
+        self, entries: Entries
+    ) -> tuple[list[tuple[list[int], StepResults]], Snapshot, int]:
+        """Apply log entries in order (worker thread): per run of sample entries, the seqs of
+        its samples and their results; the snapshot after the last entry; the sample count."""
+        d = self.learner.dim
+        runs: list[tuple[list[int], StepResults]] = []
+        blocks: list[np.ndarray[Any, Any]] = []
+        keys: list[str] = []
+        seqs: list[int] = []
+        samples = 0
+
+        def flush() -> None:
+            if blocks:
+                X = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+                runs.append((list(seqs), self.learner.learn_many(X, keys)))
+                blocks.clear()
+                keys.clear()
+                seqs.clear()
+
+        for (last, _part), fields in entries:
+            if b"L" in fields:  # a metric replacement, ordered in the log (PUT metric)
+                flush()
+                self.learner.set_metric(decode_vector(fields[b"L"], d * d).reshape(d, d))
+                self.metric_puts += 1
+                continue
+            X, labels = decode_entry(fields, d)
+            blocks.append(X)
+            keys.extend(labels)
+            seqs.extend(range(last - len(labels) + 1, last + 1))
+            samples += len(labels)
+        flush()
+        return runs, Snapshot.of(self.learner, entries[-1][0], self.metric_puts), samples
+
+    def _publish(self, snapshot: Snapshot) -> None:
+        self.logged_seq = max(self.logged_seq, snapshot.version)
+        self.board.publish(snapshot)
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def _restore(self, restored: checkpoint.Restored) -> None:
+        self.learner = restored.learner
+        self.metric_puts = restored.metric_puts
+        self.checkpoint = CheckpointInfo(restored.seq, restored.time)
+        self._saved = restored.applied
+        self._since_checkpoint = 0
+        self._dirty_since = None
+        self._publish(Snapshot.of(self.learner, restored.applied, self.metric_puts))
+
+    def _checkpoint_due(self) -> bool:
+        if self._since_checkpoint >= self.settings.checkpoint_every:
+            return True
+        return (
+            self._dirty_since is not None
+            and time.monotonic() - self._dirty_since >= self.settings.checkpoint_interval_s
+        )
+
+    async def _write_checkpoint(self) -> None:
+        """Checkpoint the learner as of the current snapshot and trim the log behind it (the
+        owner only: Redis refuses it if our fencing token is no longer the latest)."""
+        token = self.lease.token
+        if token is None:
+            return
+        started = time.perf_counter()
+        applied = self.board.current.applied
+        now = time.time()
+        ckpt, buffer = checkpoint.encode(
+            self.learner, applied=applied, metric_puts=self.metric_puts, time=now
+        )
+        try:
+            written = await self.store.write_checkpoint(
+                self.name, ckpt, buffer, trim_min_id=after(applied), fencing_token=token
+            )
+        except Fenced:
+            self.metrics.checkpoints_fenced.inc()
+            self.lease.lose(f"Redis refused a checkpoint with the stale fencing token {token}")
+            return
+        if not written:
+            return
+        self._saved = applied
+        self._since_checkpoint = 0
+        self._dirty_since = None
+        self.checkpoint = CheckpointInfo(self.learner.version, now)
+        self.metrics.checkpoint_duration.observe(time.perf_counter() - started)
+        log.debug("%s: checkpoint at %s", self.name, format_id(applied))

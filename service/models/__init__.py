@@ -1,1 +1,0 @@
-"""Models: their runtime (the single-writer learner task), the registry, the schemas."""

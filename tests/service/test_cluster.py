@@ -1,0 +1,361 @@
+"""Redis Cluster (issue 13, the storage half), on a real local cluster of 3 masters with one
+replica each (:mod:`tests.service.cluster`), shared by the tests of this module and emptied
+before each: the service on any node, WAIT for replicas through a failover, the registry repaired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import redis
+from redis.cluster import RedisCluster as SyncCluster
+from redis.crc import key_slot
+from websockets.sync.client import connect
+
+from service.core import LearnerConfig
+from service.storage.codec import decode_entry, parse_id
+from service.storage.keys import REGISTRY, ModelKeys
+from service.storage.store import Appended, Group, NotReplicated, Store, connect_cluster
+from tests.service.cluster import LocalCluster, wait_for
+from tests.service.support import ServiceProcess, assert_problem, core_learner, make_model, stream
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(tmp_path_factory.mktemp("cluster")).start()
+    yield local
+    local.stop()
+
+
+@pytest.fixture
+def fresh(cluster: LocalCluster) -> LocalCluster:
+    """The shared cluster with every node up, healthy, and no keys."""
+    cluster.heal()
+    cluster.flush()
+    return cluster
+
+
+@pytest.fixture
+def rc(fresh: LocalCluster) -> Iterator[SyncCluster]:
+    """A cluster client of the test's own, to look at what the service stored."""
+    client = SyncCluster.from_url(fresh.masters()[0].url)
+    yield client
+    client.close()
+
+
+def name_on(cluster: LocalCluster, avoid: set[str], prefix: str) -> str:
+    """A model name whose slot is served by none of the masters named in ``avoid``."""
+    return next(
+        f"{prefix}{i}"
+        for i in range(1000)
+        if cluster.master_of(ModelKeys(f"{prefix}{i}").meta).name not in avoid
+    )
+
+
+def model_keys_everywhere(cluster: LocalCluster, name: str) -> list[bytes]:
+    return [k for keys in cluster.keys(f"opml:{{{name}}}:*").values() for k in keys]
+
+
+# -- the store itself ---------------------------------------------------------------------------
+
+
+def test_the_store_works_through_any_node_even_a_replica(fresh: LocalCluster) -> None:
+    replica = fresh.replica_of(fresh.master_of(REGISTRY))
+
+    async def scenario() -> None:
+        store = Store.connect(replica.url, 2.0)
+        await store.open()  # INFO cluster says cluster_enabled:1
+        assert store.cluster
+        assert await store.create_model("m", {"dim": 1}, 1.0)
+        assert not await store.create_model("m", {"dim": 1}, 2.0)  # exists
+        assert await store.model_exists("m") and not await store.model_exists("none")
+        group = Group(np.float64(3.0).tobytes(), ["a"], "h:k", "fp")
+        (appended,) = await store.append_groups("m", [group], now_ms=0, ttl_ms=60_000,
+                                                max_classes=10)  # fmt: skip
+        assert isinstance(appended, Appended)
+        assert (appended.first_seq, appended.last_seq, appended.replayed) == (1, 1, False)
+        tail = await store.read_tail("m", "0-0", 10, applied=0)  # a script within the model's slot
+        assert [entry for entry, _ in tail.entries] == [(1, 1)]
+        ours, token = await store.claim_lease("m", "me", 60_000, "1.0", None)
+        assert ours and token == 1
+        assert await store.write_checkpoint("m", {"meta": b"{}", "applied": b"1-1"},
+                                            {"a": b"x"}, trim_min_id="1-2",
+                                            fencing_token=1)  # fmt: skip
+        assert await store.read_checkpoint("m") == ({"meta": b"{}", "applied": b"1-1"},
+                                                    {"a": b"x"})  # fmt: skip
+        assert (await store.read_tail("m", "1-2", 10, applied=0)).checkpoint_applied == (1, 1)
+        # across slots: one non-transactional pipeline, split by the client
+        names = ["m", *(f"other{i}" for i in range(8))]
+        assert len({key_slot(ModelKeys(n).meta.encode()) for n in names}) == len(names)
+        assert await store.created_stamps(names) == {"m": "1.0"} | dict.fromkeys(names[1:])
+        assert await store.model_names() == ["m"]
+        await store.delete_model("m")
+        assert not await store.model_exists("m") and await store.model_names() == []
+        await store.aclose()
+
+    asyncio.run(scenario())
+    wait_for("replicas to drop the deleted keys", lambda: not model_keys_everywhere(fresh, "m"))
+
+
+def test_cluster_failures_are_redis_errors() -> None:
+    async def scenario() -> None:
+        client = connect_cluster("redis://127.0.0.1:1/0", 0.5)  # nothing listens there
+        with pytest.raises(redis.RedisError, match="cannot be connected"):
+            await client.ping()
+        await client.aclose()
+
+    asyncio.run(scenario())
+    with pytest.raises(redis.RedisError, match=r"OPML_REDIS_URL names a cluster node: .* 'db'"):
+        connect_cluster("redis://127.0.0.1:1/3", 0.5)  # a cluster has database 0 only
+
+
+def test_wait_counts_the_replicas_that_have_this_very_append(fresh: LocalCluster) -> None:
+    """WAIT runs on the append's own connection: with the replica paused (SIGSTOP) it cannot
+    confirm it (a WAIT on another connection would count the replica at once), and the writers
+    see nothing of the unconfirmed entry until a confirmed append covers it."""
+    name = "w"
+    master = fresh.master_of(ModelKeys(name).meta)
+    replica = fresh.replica_of(master)
+    group = Group(np.float64(1.0).tobytes(), ["a"], "h:key-1", "fp")
+
+    async def scenario() -> None:
+        store = Store.connect(master.url, 2.0, wait_replicas=1)
+        await store.open()
+        assert await store.create_model(name, {"dim": 1}, 1.0)
+        assert replica.proc is not None
+        replica.proc.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(NotReplicated, match="0 of 1 confirmed"):
+                await store.append_groups(name, [group], now_ms=0, ttl_ms=60_000, max_classes=9)
+            assert master.client().xlen(ModelKeys(name).log) == 1  # in the master ...
+            assert (
+                await store.read_tail(name, "0-0", 10, applied=0)
+            ).entries == []  # ... not readable
+            assert await store.logged_seq(name) == 0
+        finally:
+            replica.proc.send_signal(signal.SIGCONT)
+        # the client retries with the same idempotency key: a replay, now confirmed
+        (again,) = await store.append_groups(name, [group], now_ms=0, ttl_ms=60_000, max_classes=9)
+        assert isinstance(again, Appended)
+        assert (again.first_seq, again.last_seq, again.replayed) == (1, 1, True)
+        assert [e for e, _ in (await store.read_tail(name, "0-0", 10, applied=0)).entries] == [
+            (1, 1)
+        ]
+        assert await store.logged_seq(name) == 1
+        await store.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_appends_follow_a_slot_that_moved_to_another_master(fresh: LocalCluster) -> None:
+    """Resharding: the model's slot moves to another master while a store holds the old slot
+    map; its next appends get MOVED and follow it, with and without WAIT (and a script cache
+    flushed meanwhile is reloaded)."""
+    name = "moving"
+    meta = ModelKeys(name).meta
+    source = fresh.master_of(meta)
+    target = next(m for m in fresh.masters() if m.name != source.name)
+
+    def group(i: int) -> Group:
+        return Group(np.float64(i).tobytes(), ["a"], f"h:{i}", "fp")
+
+    async def scenario() -> None:
+        plain = Store.connect(source.url, 2.0)
+        waiting = Store.connect(source.url, 2.0, wait_replicas=1)
+        for store in (plain, waiting):
+            await store.open()
+        assert await plain.create_model(name, {"dim": 1}, 1.0)
+        for i, store in enumerate((plain, waiting)):
+            await store.append_groups(name, [group(i)], now_ms=0, ttl_ms=60_000, max_classes=9)
+        fresh.migrate(key_slot(meta.encode()), target)
+        target.client().script_flush()
+        for i, store in enumerate((waiting, plain), start=2):  # both still think: source
+            (appended,) = await store.append_groups(name, [group(i)], now_ms=0, ttl_ms=60_000,
+                                                    max_classes=9)  # fmt: skip
+            assert isinstance(appended, Appended) and appended.first_seq == i + 1
+        # the waiting store reads up to what WAIT confirmed: not the plain store's last append
+        tail = await waiting.read_tail(name, "0-0", 10, applied=0)
+        assert [entry for entry, _ in tail.entries] == [(1, 1), (2, 1), (3, 1)]
+        for store in (plain, waiting):
+            await store.aclose()
+
+    asyncio.run(scenario())
+    assert fresh.master_of(meta).name == target.name
+    assert target.client().xlen(ModelKeys(name).log) == 4 and not source.client().keys("opml:*")
+
+
+# -- the service ----------------------------------------------------------------------------------
+
+
+def test_a_service_on_a_node_without_the_registry_slot(fresh: LocalCluster, tmp_path: Path) -> None:
+    registry_master = fresh.master_of(REGISTRY)
+    node = next(m for m in fresh.masters() if m.name != registry_master.name)
+    name = name_on(fresh, {node.name}, "m")  # its keys are on yet another master: MOVED
+    X, y = stream(160, 4, 3, seed=13)
+    acked: list[int] = []  # sample indexes in seq order
+    svc = ServiceProcess(tmp_path, node.url, OPML_CHECKPOINT_EVERY="50").start()  # /readyz 200
+    try:
+        with svc.client() as api:
+            make_model(api, name, 4, gamma=0.05, seed=2)
+            for i in range(40):  # REST, one sample a request
+                sent = api.post(f"/v1/models/{name}/samples", json={"x": X[i].tolist(), "y": y[i]})
+                assert sent.status_code == 202 and sent.json()["first_seq"] == i + 1
+                acked.append(i)
+            with connect(f"{svc.ws_url}/v1/models/{name}/stream") as ws:  # WebSocket frames
+                for k in range(40, 100, 10):
+                    samples = [{"x": X[i].tolist(), "y": y[i]} for i in range(k, k + 10)]
+                    ws.send(json.dumps({"id": k, "samples": samples}))
+                for k in range(40, 100, 10):
+                    assert json.loads(ws.recv(timeout=30)) == {
+                        "ack": k, "first_seq": k + 1, "last_seq": k + 10,
+                    }  # fmt: skip
+                    acked.extend(range(k, k + 10))
+            before = api.get(f"/v1/models/{name}/metric", params={"min_version": 100}).json()
+            ref = core_learner(X[acked], [y[i] for i in acked], dim=4, gamma=0.05, seed=2)
+            one = api.post(f"/v1/models/{name}/distance",
+                           json={"a": X[0].tolist(), "b": X[1].tolist()}).json()  # fmt: skip
+            assert one["squared_distance"] == pytest.approx(ref.squared_distance(X[0], X[1]),
+                                                            rel=1e-12)  # fmt: skip
+        svc.stop()  # graceful: final checkpoint into the model's master
+        svc.start()
+        with svc.client() as api:
+            assert api.get(f"/v1/models/{name}/metric").json() == before
+            for i in range(100, 130):
+                api.post(f"/v1/models/{name}/samples", json={"x": X[i].tolist(), "y": y[i]})
+                acked.append(i)
+        svc.kill()  # crash: the checkpoint and the log tail in the cluster
+        svc.start()
+        with svc.client() as api:
+            got = api.get(f"/v1/models/{name}/metric", params={"min_version": 130}).json()
+            ref = core_learner(X[acked], [y[i] for i in acked], dim=4, gamma=0.05, seed=2)
+            assert got["version"] == 130
+            np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
+            assert model_keys_everywhere(fresh, name)  # on its master and its replica
+            assert api.delete(f"/v1/models/{name}").status_code == 204
+            assert_problem(api.get(f"/v1/models/{name}"), 404)
+        wait_for("no key of the model on any node", lambda: not model_keys_everywhere(fresh, name))
+        assert not registry_master.client().sismember(REGISTRY, name)  # another slot
+    finally:
+        svc.close()
+
+
+def test_acknowledged_samples_survive_a_failover(
+    fresh: LocalCluster, rc: SyncCluster, tmp_path: Path
+) -> None:
+    """OPML_REDIS_WAIT_REPLICAS=1: a client streams samples (retrying 503s with the same
+    Idempotency-Key) while the master of the model's slot is killed (-9); its replica takes
+    over and the old master comes back as a replica. Every acknowledged sample is in the log,
+    once, and the model equals the core learner on the log."""
+    registry_master = fresh.master_of(REGISTRY)
+    url_node = next(m for m in fresh.masters() if m.name != registry_master.name)
+    name = name_on(fresh, {registry_master.name, url_node.name}, "w")
+    master = fresh.master_of(ModelKeys(name).meta)
+    replica = fresh.replica_of(master)
+    X, y = stream(5000, 3, 3, seed=17)
+    env = {
+        "OPML_REDIS_WAIT_REPLICAS": "1",
+        "OPML_CHECKPOINT_EVERY": "1000000",  # keep the whole log to compare with
+        "OPML_CHECKPOINT_INTERVAL_S": "3600",
+    }
+    svc = ServiceProcess(tmp_path, url_node.url, **env).start()
+    acked: dict[int, int] = {}  # sample index -> its seq
+    refusals: list[httpx.Response] = []
+    stop = threading.Event()
+
+    def sender() -> None:
+        with svc.client() as api:
+            for i in range(len(y)):
+                while not stop.is_set():
+                    sent = api.post(
+                        f"/v1/models/{name}/samples",
+                        json={"x": X[i].tolist(), "y": y[i]},
+                        headers={"Idempotency-Key": f"s{i}"},
+                    )
+                    if sent.status_code == 202:
+                        acked[i] = sent.json()["first_seq"]
+                        break
+                    refusals.append(sent)
+                    stop.wait(0.1)  # pacing of the retries, as Retry-After asks
+                if stop.is_set():
+                    return
+
+    thread = threading.Thread(target=sender, daemon=True)
+    try:
+        with svc.client() as api:
+            make_model(api, name, 3, gamma=0.05)
+        thread.start()
+        wait_for("40 acknowledged samples", lambda: len(acked) >= 40)
+        master.kill()
+        wait_for("503s while the master is down", lambda: refusals)
+        fresh.failover(replica)
+        # the new master has no replica yet: WAIT cannot confirm, appends are refused
+        wait_for("a 503 for want of a replica", lambda: any(
+            "OPML_REDIS_WAIT_REPLICAS" in r.json()["detail"] for r in refusals
+        ))  # fmt: skip
+        fresh.restart(master)  # comes back as the new master's replica
+        fresh.wait_healthy()
+        recovered = len(acked)
+        wait_for("ingestion to resume by itself", lambda: len(acked) >= recovered + 40)
+    finally:
+        stop.set()
+        thread.join(60)
+    try:
+        for refusal in refusals:
+            assert_problem(refusal, 503)
+            assert int(refusal.headers["Retry-After"]) >= 1
+        log: list[tuple[bytes, dict[bytes, bytes]]] = rc.xrange(ModelKeys(name).log)  # type: ignore[assignment]
+        rows: list[np.ndarray] = []
+        labels: list[str] = []
+        for entry_id, fields in log:
+            block, keys = decode_entry(fields, 3)
+            assert parse_id(entry_id)[0] == len(labels) + len(keys)  # seqs without a gap
+            rows.extend(block)
+            labels.extend(keys)
+        for i, seq in acked.items():  # every acknowledged sample, at its seq
+            np.testing.assert_array_equal(rows[seq - 1], X[i])
+            assert labels[seq - 1] == y[i]
+        index = {X[i].tobytes(): i for i in range(len(y))}
+        logged = [index[row.tobytes()] for row in rows]
+        assert len(set(logged)) == len(logged)  # none twice
+        with svc.client() as api:
+            got = api.get(f"/v1/models/{name}/metric", params={"min_version": len(rows)}).json()
+        ref = core_learner(np.array(rows), labels, dim=3, gamma=0.05)
+        assert got["version"] == len(rows)
+        np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
+    finally:
+        svc.stop()
+
+
+def test_start_up_repairs_the_registry(
+    fresh: LocalCluster, rc: SyncCluster, tmp_path: Path
+) -> None:
+    """A registry name without a meta (a create that died after the index, or a delete before
+    it) is not a model and is removed; a meta whose name is missing (a create that died between
+    its two steps) is a model and is indexed again."""
+    rc.sadd(REGISTRY, "ghost")
+    config: dict[str, Any] = asdict(LearnerConfig(dim=2))
+    meta = {"config": json.dumps(config), "seq": "0", "puts": "0", "created_at": "1.0"}
+    rc.hset(ModelKeys("orphan").meta, mapping=meta)
+    svc = ServiceProcess(tmp_path, fresh.masters()[-1].url).start()
+    try:
+        with svc.client() as api:
+            assert [m["name"] for m in api.get("/v1/models").json()["models"]] == ["orphan"]
+            assert_problem(api.get("/v1/models/ghost"), 404)
+            sent = api.post("/v1/models/orphan/samples?wait=true", json={"x": [1, 2], "y": "a"})
+            assert sent.status_code == 200
+        assert rc.smembers(REGISTRY) == {b"orphan"}
+    finally:
+        svc.stop()
+    text = svc.log_path.read_text()
+    assert "'orphan' was missing from the registry" in text
+    assert "registry name 'ghost' has no model" in text
