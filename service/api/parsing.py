@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ValidationError
 
 from service.api.schemas import MAX_LABEL_CHARS, DistanceBody, Sample
+from service.core import LearnerConfig
 from service.core._validation import Array, check_matrix, check_metric, check_vector, label_key
 from service.errors import InvalidInput, UnsupportedMediaType
 
@@ -147,6 +148,19 @@ def _checked(loc: list[str | int], fn: Callable[[], T]) -> T:
         return fn()
     except ValueError as exc:
         raise invalid(loc, str(exc).split(": ", 1)[-1]) from None
+
+
+def learner_config(values: dict[str, Any]) -> LearnerConfig:
+    """The core's config of a model body's hyperparameters. The ranges that depend on the
+    step rule (:mod:`service.core.steps`) are checked there; its ``ValueError`` (whose message
+    starts with the argument's name) becomes a 422 naming that field."""
+    try:
+        return LearnerConfig(**values)
+    except ValueError as exc:
+        field, _, reason = str(exc).partition(": ")
+        if field in values and reason:
+            raise invalid(["body", field], reason) from None
+        raise invalid(["body"], str(exc)) from None
 
 
 def vector(value: Sequence[float], dim: int, loc: list[str | int]) -> Array:

@@ -30,6 +30,7 @@ Label = Annotated[
 #: Numbers only: strict, so ``"2"`` and ``true`` are refused rather than coerced (ints are fine).
 Vector = Annotated[list[StrictFloat], Field(min_length=1, examples=[[0.1, 0.2, 0.3]])]
 Matrix = Annotated[list[Vector], Field(min_length=1)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
@@ -40,17 +41,38 @@ class ModelCreate(_Body):
     """``POST /v1/models``; omitted hyperparameters take the core's defaults."""
 
     name: ModelName
-    dim: int = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
+    dim: StrictInt = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
     algorithm: Literal["copml", "opml"] = "copml"
-    # None: the core's default for its step rule (service.core.steps).
-    gamma: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="Triplet step size."
+    step: Literal["scaled", "paper"] = Field(
+        default="scaled",
+        description='Step rule: "scaled" reads gamma, gamma_pair and margin in units of the '
+        "stream's running mean squared difference (scale-free); \"paper\" in the input's own "
+        "units, the paper's literal rule.",
     )
-    gamma_pair: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="COPML pair step."
+    # None: the core's default for its step rule (service.core.steps). The upper bounds
+    # depend on the step rule: the core checks them (a 422 naming the field).
+    gamma: PositiveFloat | Literal["auto"] | None = Field(
+        default=None,
+        description='Triplet step size, or "auto" (step "scaled" only): the service races '
+        "0.025, 0.05, 0.1 and 0.2 on the stream's first auto_warmup triplets and keeps the "
+        "best. Range: (0, 1] scaled, (0, 1e6] paper; default 0.05 scaled, 1e-3 paper.",
     )
-    margin: float = Field(
-        default=1.0, gt=0, allow_inf_nan=False, description="Hinge margin (Eq. 4)."
+    gamma_pair: PositiveFloat | None = Field(
+        default=None,
+        description="COPML pair step. Range: (0, 1] scaled, (0, 1e6] paper; default 0.1 "
+        "scaled, 1e-2 paper.",
+    )
+    margin: PositiveFloat = Field(
+        default=1.0,
+        description="Hinge margin (Eq. 4), in the step rule's units. Range: (0, 100] scaled, "
+        "(0, 1e12] paper.",
+    )
+    auto_warmup: int = Field(
+        default=1000,
+        ge=10,
+        le=100_000,
+        description='gamma "auto": triplets raced before the winner is kept (k = 4 learners '
+        "during the first half, 2 during the second).",
     )
     normalize: Literal["none", "l2"] = "none"
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
@@ -88,18 +110,87 @@ class CheckpointOut(BaseModel):
     age_s: float | None = Field(description="Seconds since it was written (null: none yet).")
 
 
+class Health(BaseModel):
+    """The divergence monitor of the served metric (:mod:`service.core.health`): it trips when
+    more than 10 % of recent triplet updates needed the shrink guard or ``||L||_F`` grew 10x
+    within 100 updates; a trip cuts every later step (``step_scale``) and is counted."""
+
+    state: Literal["ok", "diverging", "stabilised"] = Field(
+        description='"ok": never tripped; "diverging": tripped within the last 100 steps; '
+        '"stabilised": tripped before, none since.'
+    )
+    shrunk_rate: float = Field(description="Running share of triplet updates that were shrunk.")
+    growth: float | None = Field(
+        description="log10(||L||_F / ||L_0||_F) against the metric the model started from."
+    )
+    growth_rate: float = Field(description="The same over the last complete 100-update window.")
+    frobenius_norm: float = Field(description="||L||_F as tracked by the monitor.")
+    times_tripped: int
+    step_scale: float = Field(description="Factor the trips left on gamma and gamma_pair.")
+    updates: int = Field(description="Updates that changed L (triplet and pair).")
+
+
+class Effective(BaseModel):
+    """The served metric's step sizes and margin in input units, as the next step uses them
+    (``step_scale`` applied); ``scale`` is the running mean squared difference (null before
+    the first difference, and the scaled figures with it)."""
+
+    scale: float | None
+    gamma: float | None
+    gamma_pair: float | None
+    margin: float | None
+
+
+class RaceScore(BaseModel):
+    gamma: float
+    score: float | None = Field(description="Prequential verification ROC AUC of the rung.")
+    tripped: bool = Field(description="Its divergence monitor tripped (ranked last).")
+
+
+class RaceRound(BaseModel):
+    rung: int
+    triplets: int = Field(description="Triplets raced when the rung ended.")
+    candidates: list[RaceScore]
+    kept: list[float] = Field(description="The step sizes that went on.")
+
+
+class RaceCandidate(Health):
+    gamma: float
+
+
+class Race(BaseModel):
+    """``gamma: "auto"``: the race of step sizes (:mod:`service.core.race`)."""
+
+    state: Literal["racing", "done"]
+    grid: list[float]
+    warmup: int
+    triplets: int = Field(description="Triplets raced so far.")
+    rung: int
+    rungs: int
+    winner: float | None = Field(description="The step size kept (null while racing).")
+    rounds: list[RaceRound]
+    serving: float | None = Field(
+        default=None, description="The step size of the metric served now (null: not started)."
+    )
+    candidates: list[RaceCandidate] | None = Field(
+        default=None, description="The live candidates and their monitors (null: not started)."
+    )
+
+
 class ModelOut(BaseModel):
     """A model: its hyperparameters and its live state (one consistent snapshot)."""
 
     name: str
     dim: int
     algorithm: str
-    gamma: float
+    step: Literal["scaled", "paper"]
+    gamma: float | Literal["auto"]
     gamma_pair: float
     margin: float
     normalize: str
     seed: int
     calibration_window: int
+    auto_warmup: int
     version: int = Field(description="Seq of the last applied sample (0 before any).")
     samples_seen: int
     logged_seq: int = Field(description="Last seq in the log; logged_seq - version = lag.")
@@ -107,6 +198,9 @@ class ModelOut(BaseModel):
     updates: Updates
     verification: Verification
     metric_puts: int = Field(description="PUT metric replacements applied.")
+    health: Health
+    race: Race | None = Field(description='gamma "auto": the race (null otherwise).')
+    effective: Effective
     checkpoint: CheckpointOut
     created_at: float
     owner: bool = Field(

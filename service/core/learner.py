@@ -275,6 +275,23 @@ class Learner:
         }
 
     @property
+    def margin(self) -> float:
+        """The hinge margin (Eq. 4) in squared-distance units of the input: what the
+        ``fallback:margin`` verification threshold is. ``config.margin`` under
+        ``step="paper"``, and under ``step="scaled"`` before the stream formed a difference
+        (no scale known yet); else ``effective["margin"]``.
+
+        >>> learner = Learner(LearnerConfig(dim=2, margin=2.0))
+        >>> learner.margin
+        2.0
+        >>> _ = learner.learn_many([[0.0, 0.0], [3.0, 4.0]], ["a", "a"])  # |a|^2 = 25
+        >>> learner.margin
+        50.0
+        """
+        margin = self.effective["margin"]
+        return self.config.margin if margin is None else margin
+
+    @property
     def dim(self) -> int:
         return self.config.dim
 
@@ -438,10 +455,13 @@ class Learner:
         self, delta: float = 0.05, method: Method = "binomial", threshold: float | None = None
     ) -> Certificate:
         """Bounds on the triplet error, false accept and false reject rates of the current
-        metric at ``threshold`` (default: the served one), holding together with probability
+        metric at ``threshold`` (default: the served one, whose margin fallback is
+        :attr:`margin`), holding together with probability
         ``>= 1 - delta`` (see :mod:`service.core.certificates`)."""
         cal = self.calibrator.calibration()
-        return self.holdout.certificate(self._tracks.L, cal, delta, method, threshold, self.version)
+        return self.holdout.certificate(
+            self._tracks.L, cal, delta, method, threshold, self.version, margin=self.margin
+        )
 
     # -- queries on the current metric (Eqs. 1, 2) -----------------------------------------
 

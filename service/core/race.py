@@ -176,7 +176,7 @@ class Race:
             "rung": self.rung,
             "rungs": self.rungs,
             "winner": self.grid[self.alive[0]] if self.done else None,
-            "rounds": self.history,
+            "rounds": list(self.history),  # a copy: a report outlives the next rung
         }
         if tracks is not None:
             out["serving"] = float(tracks.gammas[tracks.served])

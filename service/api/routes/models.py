@@ -14,7 +14,6 @@ from service.api.deps import ForwarderDep, ModelsDep, NameDep, body_doc, json_bo
 from service.api.forward import HOP_HEADER, Forwarder
 from service.api.presenters import model_document
 from service.api.schemas import ModelCreate, ModelList, ModelOut
-from service.core import LearnerConfig
 from service.engine.registry import Registry
 from service.engine.runtime import ModelRuntime, NotServedHere
 from service.errors import Unavailable
@@ -46,7 +45,7 @@ async def create_model(
         raise parsing.invalid(
             ["body", "dim"], f"must be <= {models.settings.max_dim} (OPML_MAX_DIM)"
         )
-    config = LearnerConfig(**body.model_dump(exclude={"name"}))
+    config = parsing.learner_config(body.model_dump(exclude={"name"}))
     runtime = await models.create(body.name, config)
     return JSONResponse(
         ModelOut.model_validate(model_document(runtime.status())).model_dump(), status_code=201
