@@ -316,25 +316,34 @@ class AsyncOPMLClient:
         dim: int,
         *,
         algorithm: Literal["copml", "opml"] | None = None,
-        gamma: float | None = None,
+        step: Literal["scaled", "paper"] | None = None,
+        gamma: float | Literal["auto"] | None = None,
         gamma_pair: float | None = None,
         margin: float | None = None,
         normalize: Literal["none", "l2"] | None = None,
         seed: int | None = None,
+        auto_warmup: int | None = None,
         **options: Any,
     ) -> Model:
-        """Create a model (409 :class:`~clients.errors.Conflict` if the name exists).
+        """Create a model (409 :class:`~clients.errors.Conflict` if the name exists; 422
+        :class:`~clients.errors.InvalidInput` naming the field out of its range).
 
+        ``step``: ``"scaled"`` (the service's default: ``gamma``, ``gamma_pair`` and ``margin``
+        in units of the stream's typical squared difference) or ``"paper"`` (the paper's rule,
+        in the input's units). ``gamma="auto"``: the service races step sizes on the first
+        ``auto_warmup`` triplets and keeps the best (``Model.race`` says which won).
         Hyperparameters left ``None`` take the service's defaults; ``options`` passes members
         the service accepts beyond the contract (e.g. ``calibration_window``).
         """
         hyper = dict(
             algorithm=algorithm,
+            step=step,
             gamma=gamma,
             gamma_pair=gamma_pair,
             margin=margin,
             normalize=normalize,
             seed=seed,
+            auto_warmup=auto_warmup,
             **options,
         )
         return await self._send(_wire.create_model(name, dim, hyper))

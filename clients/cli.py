@@ -1,7 +1,7 @@
 """``opml``: the service from a shell.
 
     opml serve [--port 8000] [--data-dir data]             # run the service (embedded Redis)
-    opml models create faces --dim 128 [--algorithm opml] [--gamma 0.001] ...
+    opml models create faces --dim 128 [--algorithm opml] [--step paper] [--gamma 0.05|auto] ...
     opml models list | show faces | delete faces
     opml ingest data.csv --model faces [--label-column kind | --labels y.txt] [--resume-file r]
     opml distance faces --a 0,0,1 --b 0,1,0 [--b 1,0,0 ...]
@@ -98,9 +98,24 @@ def _model_line(m: Model) -> str:
 def _model_detail(m: Model) -> str:
     lines = [f"{key}: {value}" for key, value in m.raw.items() if not isinstance(value, dict)]
     for key, value in m.raw.items():
-        if isinstance(value, dict):
-            lines.append(f"{key}: " + ", ".join(f"{k}={v}" for k, v in value.items()))
+        if isinstance(value, dict):  # its figures; the race's per-rung tables: --json
+            shown = (f"{k}={v}" for k, v in value.items() if not _is_table(v))
+            lines.append(f"{key}: " + ", ".join(shown))
     return "\n".join(lines)
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, list) and any(isinstance(item, dict) for item in value)
+
+
+def _gamma(text: str) -> float | str:
+    """``--gamma``: a number or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or auto, got {text!r}") from None
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -132,7 +147,16 @@ def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
     if args.action == "create":
         options = {
             k: getattr(args, k)
-            for k in ("algorithm", "gamma", "gamma_pair", "margin", "normalize", "seed")
+            for k in (
+                "algorithm",
+                "step",
+                "gamma",
+                "gamma_pair",
+                "margin",
+                "normalize",
+                "seed",
+                "auto_warmup",
+            )
         }
         model = client.create_model(args.name, args.dim, **options)
         _emit(args, model.raw, f"created {_model_line(model)}")
@@ -399,11 +423,24 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--algorithm", choices=["copml", "opml"], help="copml (pairwise cold start) or opml"
     )
-    create.add_argument("--gamma", type=float, help="step size of the triplet update (Eq. 16)")
+    create.add_argument(
+        "--step",
+        choices=["scaled", "paper"],
+        help="step rule: scaled (default; gamma, gamma-pair, margin in units of the stream's "
+        "typical squared difference) or paper (the paper's rule, in the input's units)",
+    )
+    create.add_argument(
+        "--gamma",
+        type=_gamma,
+        help="step size of the triplet update (Eq. 16), or auto: raced on the stream",
+    )
     create.add_argument(
         "--gamma-pair", type=float, help="step size of COPML's pairwise stage (Eq. 20)"
     )
     create.add_argument("--margin", type=float, help="hinge margin (Eq. 4)")
+    create.add_argument(
+        "--auto-warmup", type=int, help="--gamma auto: triplets raced before the winner is kept"
+    )
     create.add_argument(
         "--normalize", choices=["none", "l2"], help="scale samples and queries to unit norm (l2)"
     )

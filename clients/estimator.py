@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from clients.types import Array, Model
 
@@ -32,8 +32,18 @@ def estimator_for(model: Model, L: Array) -> OPML | COPML:
     from service.core import COPML, OPML, Learner, LearnerConfig
 
     estimator: OPML | COPML
+    step: Literal["scaled", "paper"] = "paper" if model.step == "paper" else "scaled"
+    # gamma "auto": the step the service's race kept (while it still races, race again)
+    race = model.race or {}
+    gamma = race.get("winner") or model.gamma
+    warmup = int(model.raw.get("auto_warmup", 1000))
     hyper: dict[str, Any] = dict(
-        gamma=model.gamma, margin=model.margin, normalize=model.normalize, random_state=model.seed
+        gamma=gamma,
+        margin=model.margin,
+        normalize=model.normalize,
+        step=step,
+        auto_warmup=warmup,
+        random_state=model.seed,
     )
     if model.algorithm == "opml":
         estimator = OPML(**hyper)
@@ -42,11 +52,13 @@ def estimator_for(model: Model, L: Array) -> OPML | COPML:
     config = LearnerConfig(
         dim=model.dim,
         algorithm="opml" if model.algorithm == "opml" else "copml",
-        gamma=model.gamma,
+        step=step,
+        gamma=gamma,
         gamma_pair=model.gamma_pair,
         margin=model.margin,
         normalize="l2" if model.normalize == "l2" else "none",
         seed=model.seed,
+        auto_warmup=warmup,
     )
     learner = Learner(config)
     learner.set_metric(L)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,7 +42,11 @@ class Model:
     """A model: hyperparameters and live state.
 
     ``updates`` counts steps by outcome (``triplet``, ``pair``, ``passive``, ...); ``classes`` is
-    what the service reports for the classes seen (their number).
+    what the service reports for the classes seen (their number). ``step`` is the step rule
+    (``"scaled"`` or ``"paper"``; ``"paper"`` from a service that predates step rules), ``gamma``
+    a number or ``"auto"``; ``health`` the divergence monitor (``state``, ``times_tripped``,
+    ``step_scale``, ...) and ``race`` the ``gamma="auto"`` race (``state``, ``winner``,
+    ``rounds``, ...; None otherwise), as the service reports them (None if it does not).
 
     >>> m = Model.from_json({"name": "faces", "dim": 2, "algorithm": "copml", "gamma": 0.001,
     ...     "gamma_pair": 0.001, "margin": 1.0, "normalize": "none", "seed": 0, "version": 3,
@@ -50,12 +54,14 @@ class Model:
     ...     "verification": {"threshold": None, "calibrated": False}})
     >>> m.name, m.samples_seen, m.updates["triplet"], m.verification.calibrated
     ('faces', 3, 1, False)
+    >>> m.step, m.health, m.race
+    ('paper', None, None)
     """
 
     name: str
     dim: int
     algorithm: str
-    gamma: float
+    gamma: float | Literal["auto"]
     gamma_pair: float
     margin: float
     normalize: str
@@ -65,15 +71,19 @@ class Model:
     classes: Any
     updates: dict[str, int]
     verification: VerificationState
+    step: str = "paper"
+    health: dict[str, Any] | None = None
+    race: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Model:
+        gamma: float | Literal["auto"] = "auto" if doc["gamma"] == "auto" else float(doc["gamma"])
         return cls(
             name=str(doc["name"]),
             dim=int(doc["dim"]),
             algorithm=str(doc["algorithm"]),
-            gamma=float(doc["gamma"]),
+            gamma=gamma,
             gamma_pair=float(doc["gamma_pair"]),
             margin=float(doc["margin"]),
             normalize=str(doc["normalize"]),
@@ -83,6 +93,9 @@ class Model:
             classes=doc["classes"],
             updates={str(k): int(v) for k, v in doc["updates"].items()},
             verification=VerificationState.from_json(doc["verification"]),
+            step=str(doc.get("step", "paper")),
+            health=doc.get("health"),
+            race=doc.get("race"),
             raw=doc,
         )
 

@@ -442,3 +442,27 @@ def test_async_stream_collects_acks_between_sends(service: ServiceProcess, name:
 
     acked, sent = asyncio.run(run())
     assert acked >= 1 and sent < 60
+
+
+def test_step_rules_gamma_auto_and_their_race(client: OPMLClient, name: str) -> None:
+    paper = client.create_model(f"{name}-p", 3, step="paper", gamma=0.002)
+    assert (paper.step, paper.gamma, paper.race) == ("paper", 0.002, None)
+    assert paper.health is not None and paper.health["state"] == "ok"
+    with pytest.raises(InvalidInput) as bad:
+        client.create_model(f"{name}-x", 3, gamma=2.0)  # the scaled rule's gamma is in (0, 1]
+    assert bad.value.errors[0]["loc"] == ["body", "gamma"]
+    X, y = stream(400, 3, 4, seed=6)
+    config = {"gamma": "auto", "auto_warmup": 100, "seed": 2}
+    auto = client.create_model(name, 3, gamma="auto", auto_warmup=100, seed=2)
+    assert (auto.step, auto.gamma) == ("scaled", "auto")
+    client.ingest(name, X, y)
+    L = client.metric(name, min_version=400)
+    model = client.get_model(name)
+    reference = core_learner(X, y, dim=3, **config)
+    assert model.race is not None and reference.race is not None
+    assert model.race["winner"] == reference.race["winner"]
+    np.testing.assert_array_equal(L, reference.L)
+    # offline, the estimator continues with the step size the race kept
+    estimator = client.to_sklearn(name)
+    assert (estimator.step, estimator.gamma) == ("scaled", model.race["winner"])
+    np.testing.assert_array_equal(estimator.components_, L)
