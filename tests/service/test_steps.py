@@ -184,3 +184,26 @@ def test_a_race_survives_kill_9_replay_exact(
     svc.stop()
     assert model["version"] == 900 and model["race"]["state"] == "done"
     assert_same_state(model, metric, core_learner(X, y, **config))
+
+
+def test_a_model_stored_before_step_rules_reloads_with_the_papers_rule(
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
+) -> None:
+    X, y = stream(300, 4, 3, seed=9)
+    svc = launch(tmp_path, own_redis.url).start()
+    with svc.client() as api:
+        make_model(api, "old", 4, step="paper", gamma=0.002, seed=1)
+    svc.stop()
+    # what an older service stored: the config without "step" (that service ran the paper's rule)
+    store = redis.Redis.from_url(own_redis.url)
+    config = json.loads(store.hget("opml:{old}:meta", "config") or b"{}")
+    assert config.pop("step") == "paper" and config.pop("auto_warmup") == 1000
+    store.hset("opml:{old}:meta", "config", json.dumps(config))
+    svc.start()
+    with svc.client() as api:
+        learn(api, "old", X, y)
+        model = api.get("/v1/models/old").json()
+        metric = api.get("/v1/models/old/metric").json()
+    svc.stop()
+    assert (model["step"], model["gamma"]) == ("paper", 0.002)
+    assert_same_state(model, metric, core_learner(X, y, dim=4, step="paper", gamma=0.002, seed=1))
