@@ -161,16 +161,22 @@ def test_verify_falls_back_to_the_margin_in_input_units(api: httpx.Client, name:
     assert (answer["threshold_source"], answer["threshold"]) == ("fallback:margin", 50.0)
 
 
-def test_a_race_survives_kill_9_replay_exact(
+def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
     tmp_path: Path, own_redis: RedisServer, launch: Launch
 ) -> None:
     X, y = stream(900, 4, 5, seed=11)
     config = {"dim": 4, "gamma": "auto", "auto_warmup": 400, "seed": 3}
-    svc = launch(tmp_path, own_redis.url, OPML_CHECKPOINT_EVERY="50").start()
+    # and a model whose monitor trips (the paper's rule on inputs of scale 1000)
+    paper = {"dim": 4, "step": "paper", "seed": 3}
+    # checkpoints every 70 samples: the kill leaves a log tail to replay after the last one
+    svc = launch(tmp_path, own_redis.url, OPML_CHECKPOINT_EVERY="70").start()
     with svc.client() as api:
         make_model(api, "m", **config)
-        learn(api, "m", X[:300], y[:300], batch=50)
+        make_model(api, "p", **paper)
+        learn(api, "m", X[:300], y[:300], batch=40)  # the last checkpoints at 240
+        learn(api, "p", 1000 * X[:300], y[:300], batch=40)
         assert api.get("/v1/models/m").json()["race"]["state"] == "racing"
+        assert api.get("/v1/models/p").json()["health"]["times_tripped"] > 0
         ckpt = redis.Redis.from_url(own_redis.url).hgetall("opml:{m}:ckpt")
     # a checkpoint taken mid-race holds every candidate's L and the rung's measurements
     arrays = json.loads(ckpt[b"meta"])["arrays"]
@@ -178,12 +184,20 @@ def test_a_race_survives_kill_9_replay_exact(
     svc.kill()
     svc.start()
     with svc.client() as api:
+        exposition = api.get("/metrics").text
+        assert gauge(exposition, "opml_replayed_samples_total", "m") > 0
+        assert gauge(exposition, "opml_replayed_samples_total", "p") > 0
         learn(api, "m", X[300:], y[300:], batch=50)
+        learn(api, "p", 1000 * X[300:], y[300:], batch=50)
         model = api.get("/v1/models/m").json()
         metric = api.get("/v1/models/m/metric").json()
+        tripped = api.get("/v1/models/p").json()
+        tripped_metric = api.get("/v1/models/p/metric").json()
     svc.stop()
     assert model["version"] == 900 and model["race"]["state"] == "done"
     assert_same_state(model, metric, core_learner(X, y, **config))
+    assert tripped["version"] == 900
+    assert_same_state(tripped, tripped_metric, core_learner(1000 * X, y, **paper))
 
 
 def test_a_model_stored_before_step_rules_reloads_with_the_papers_rule(
