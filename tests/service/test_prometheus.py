@@ -126,7 +126,7 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: httpx.Client) 
     assert {r["name"] for r in rules} == set(alert_exprs())
     assert {
         "OpmlIngestionLagGrowing", "OpmlCheckpointTooOld", "OpmlRedisErrors",
-        "OpmlVerificationEerJump",
+        "OpmlVerificationEerJump", "OpmlLearningDiverging",
     } <= set(alert_exprs())  # fmt: skip
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
