@@ -194,6 +194,10 @@ def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
         tripped = api.get("/v1/models/p").json()
         tripped_metric = api.get("/v1/models/p/metric").json()
     svc.stop()
+    # the race is over: its candidates' arrays left the checkpoint (written anew on shutdown)
+    final = json.loads(redis.Redis.from_url(own_redis.url).hget("opml:{m}:ckpt", "meta") or b"")
+    assert final["seq"] == 900
+    assert not {"tracks_L", "tracks_calibration", "race_pairs"} & final["arrays"].keys()
     assert model["version"] == 900 and model["race"]["state"] == "done"
     assert_same_state(model, metric, core_learner(X, y, **config))
     assert tripped["version"] == 900
