@@ -359,9 +359,11 @@ class Holdout:
         method: Method = "binomial",
         threshold: float | None = None,
         version: int | None = None,
+        margin: float | None = None,
     ) -> Certificate:
         """Certify ``L`` at ``threshold`` (default: the served one, see
-        :func:`~service.core.certificates.served_threshold`).
+        :func:`~service.core.certificates.served_threshold`; ``margin``: its last fallback in
+        input units, default ``config.margin``, the learner passes its scaled one).
 
         ``"binomial"`` / ``"kl"`` use the reservoir and certify the served metric;
         ``"pac-bayes"`` uses the prefix prior and the bound window and certifies the Gibbs
@@ -370,7 +372,8 @@ class Holdout:
         when there are too few samples yet.
         """
         delta, method = check_certificate_args(delta, method)
-        theta, source = served_threshold(calibration, self.config.margin, threshold)
+        margin = self.config.margin if margin is None else margin
+        theta, source = served_threshold(calibration, margin, threshold)
         seed = self.config.seed
         if method == "pac-bayes":
             if not self.tracking:
