@@ -84,6 +84,8 @@ class HoldoutSettings(Protocol):
     @property
     def dim(self) -> int: ...
     @property
+    def algorithm(self) -> str: ...
+    @property
     def seed(self) -> int: ...
     @property
     def margin(self) -> float: ...
@@ -371,6 +373,14 @@ class Holdout:
         when the tool is not configured; :class:`~service.core.certificates.NotEnoughHeldOut`
         when there are too few samples yet.
         """
+        if self.config.algorithm == "brm":
+            # The certificates count errors of ||L(a - b)||^2; a brm model decides on D_R^2,
+            # which is not a function of it (service.core.brm): a bound on the other
+            # distance would be no bound on what the model serves.
+            raise ValueError(
+                "algorithm: certificates are not available for 'brm' (they bound decisions "
+                "on ||L(a - b)||^2, a brm model decides on the restricted distance)"
+            )
         delta, method = check_certificate_args(delta, method)
         margin = self.config.margin if margin is None else margin
         theta, source = served_threshold(calibration, margin, threshold)

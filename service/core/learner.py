@@ -777,15 +777,7 @@ class Learner:
         metric at ``threshold`` (default: the served one, whose margin fallback is
         :attr:`margin`), holding together with probability ``>= 1 - delta`` (see
         :mod:`service.core.certificates`)."""
-        if self.config.algorithm == "brm":
-            # The certificates count errors of ||L(a - b)||^2; a brm model decides on D_R^2,
-            # which is not a function of it (service.core.brm): a bound on the other
-            # distance would be no bound on what the model serves.
-            raise ValueError(
-                "algorithm: certificates are not available for 'brm' (they bound decisions "
-                "on ||L(a - b)||^2, a brm model decides on the restricted distance)"
-            )
-        cal = self.calibrator.calibration()
+        cal = self.calibrator.calibration()  # (brm: refused by the holdout, as on the wire)
         return self.holdout.certificate(
             self._metric(), cal, delta, method, threshold, self.version, margin=self.margin
         )

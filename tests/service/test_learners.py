@@ -199,3 +199,15 @@ def test_model_info_metric_by_algorithm(api: httpx.Client, name: str) -> None:
     )
     info_o = frozenset({("model", f"{name}-o"), ("algorithm", "opml"), ("step", "scaled")})
     assert info[info_o] == 1.0
+
+
+def test_a_brm_model_refuses_certificates_on_the_wire(api: httpx.Client, name: str) -> None:
+    """Certificates bound ||L(a - b)||^2 decisions; a brm model decides on D_R^2: refused (409
+    not-certifiable naming the algorithm), as by the core, however many samples are held out."""
+    X, y = stream(400, 3, 3, seed=4)
+    make_model(api, name, 3, algorithm="brm", holdout=0.3)
+    samples = [{"x": X[i].tolist(), "y": y[i]} for i in range(400)]
+    api.post(f"/v1/models/{name}/samples", json={"samples": samples})
+    answer = api.get(f"/v1/models/{name}/certificate", params={"min_version": 400})
+    problem = assert_problem(answer, 409)
+    assert "certificates are not available for 'brm'" in problem["detail"]
