@@ -10,8 +10,9 @@ Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and g
   step (Eq. 20): :mod:`service.core.update`; step sizes read in units of the stream's scale
   (``step="scaled"``) or the input's (``step="paper"``), :mod:`service.core.steps`;
   ``gamma="auto"`` races step sizes (:mod:`service.core.race`); a divergence monitor cuts a
-  runaway step (:mod:`service.core.health`); ``L`` and its calibrator live in
-  :class:`~service.core.tracks.Tracks` (one per race candidate);
+  runaway step (:mod:`service.core.health`); one copy of ``L`` per race candidate
+  (:class:`~service.core.tracks.Tracks`, which holds every algorithm's ``L``, entry bound and
+  calibrator);
 * ``sgd``: online SGD on the (smoothed) triplet margin loss for the same ``L``, OPML's explicit
   twin, O(d^2): :mod:`service.core.sgd`;
 * ``sgd_psd``: projected SGD on ``M = L^T L``, the convex setting of seed 000, O(d^3) per
