@@ -40,18 +40,26 @@ class Learner(Protocol):
 
 @dataclass(frozen=True)
 class Config:
-    """Hyperparameters passed to the learners (same names as service.core)."""
+    """Hyperparameters passed to the learners (same names as service.core). ``step="paper"``
+    (the paper's literal rule, what Tables II and IV reproduce) unless said otherwise."""
 
     gamma: float = 1e-3
     gamma_pair: float = 1e-3
     margin: float = 1.0
     normalize: Literal["none", "l2"] = "none"
+    step: Literal["paper", "scaled"] = "paper"
 
     def label(self) -> str:
         return (
             f"gamma={self.gamma:g}, gamma_pair={self.gamma_pair:g}, margin={self.margin:g}, "
-            f"normalize={self.normalize}"
+            f"normalize={self.normalize}, step={self.step}"
         )
+
+
+#: Learners beside the paper's rule, as a user gets them: COPML with the library's defaults
+#: (``step="scaled"``, gamma 0.05, gamma_pair 0.1, margin 1) and with ``gamma="auto"``. Only
+#: ``normalize`` is taken from the Config.
+LIBRARY_METHODS = ("default", "auto")
 
 
 def make_learner(method: str, config: Config, seed: int) -> Learner:
@@ -64,6 +72,7 @@ def make_learner(method: str, config: Config, seed: int) -> Learner:
             gamma=config.gamma,
             margin=config.margin,
             normalize=config.normalize,
+            step=config.step,
             random_state=seed,
         )
     elif method == "copml":
@@ -72,8 +81,13 @@ def make_learner(method: str, config: Config, seed: int) -> Learner:
             gamma_pair=config.gamma_pair,
             margin=config.margin,
             normalize=config.normalize,
+            step=config.step,
             random_state=seed,
         )
+    elif method == "default":
+        learner = COPML(normalize=config.normalize, random_state=seed)
+    elif method == "auto":
+        learner = COPML(gamma="auto", normalize=config.normalize, random_state=seed)
     else:
         raise ValueError(f"unknown learner {method!r}")
     return learner

@@ -9,13 +9,16 @@ the training half, 5-NN with the nearest-tied-neighbour tie rule), 20 splits wit
   ``transform`` too, so its baseline is Euclidean 5-NN on the l2-normalised z-scores): gamma x
   margin;
 - COPML, ``normalize="none"``, margin 1: gamma x gamma_pair (the pair stage only runs until
-  the second class appears, a few samples in a random stream).
+  the second class appears, a few samples in a random stream);
+- OPML, ``step="scaled"`` (gamma and margin in units of the stream's typical squared
+  difference, the library's default rule): gamma x margin, where the scaled defaults come from;
+- COPML, ``step="scaled"``, the default gamma (0.05), margin 1: gamma_pair.
 
 Part B, Table IV cold-start protocol (``benchmarks/table4.py``, layouts ``stratified`` and
 ``rounds``, P = 10, 5, 2), 20 repetitions with seeds 1000+r: COPML gamma x gamma_pair, beside
-OPML and Euclidean; this is where gamma_pair matters.
+OPML and Euclidean; this is where gamma_pair matters. The same for ``step="scaled"``.
 
-Run from the repository root (about 15 minutes on 2 cores)::
+Run from the repository root (about 25 minutes on 2 cores)::
 
     bash benchmarks/get_data.sh          # once (see benchmarks/datasets.py)
     python -m benchmarks.gamma_grid      # writes benchmarks/results/gamma_grid.{md,json}
@@ -52,8 +55,11 @@ from benchmarks.datasets import LOADERS, DataMissingError, load_segment
 from benchmarks.table2 import PAPER, cached_load
 from benchmarks.table4 import PAPER as PAPER4
 from benchmarks.table4 import cold_start_split
+from service.core.steps import DEFAULTS
 
 SEED = 1000
+#: The library's scaled defaults (gamma, gamma_pair).
+SCALED_DEFAULT = DEFAULTS["scaled"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,8 @@ class Entry:
         if self.method.startswith("euclidean"):
             return self.method
         pair = f"|gp={c.gamma_pair:g}" if self.method == "copml" else ""
-        return f"{self.method}|g={c.gamma:g}{pair}|m={c.margin:g}|n={c.normalize}"
+        step = "|s=scaled" if c.step == "scaled" else ""
+        return f"{self.method}|g={c.gamma:g}{pair}|m={c.margin:g}|n={c.normalize}{step}"
 
 
 def grid_table2() -> list[Entry]:
@@ -90,7 +97,27 @@ def grid_table2() -> list[Entry]:
         for gamma_pair in (1e-4, 1e-3, 1e-2, 1e-1):
             cfg = Config(gamma=gamma, gamma_pair=gamma_pair)
             entries.append(Entry("copml-none", "copml", cfg))
+    for gamma in SCALED_GAMMAS:
+        for margin in (0.1, 0.3, 1.0, 3.0):
+            cfg = Config(gamma=gamma, margin=margin, step="scaled")
+            entries.append(Entry("opml-scaled", "opml", cfg))
+    for gamma_pair in SCALED_PAIRS:
+        cfg = Config(gamma=SCALED_DEFAULT[0], gamma_pair=gamma_pair, step="scaled")
+        entries.append(Entry("copml-scaled", "copml", cfg))
     return entries
+
+
+#: The scaled rule's grid (units of the stream's typical squared difference).
+SCALED_GAMMAS = (0.01, 0.03, 0.05, 0.1, 0.2, 0.3)
+SCALED_PAIRS = (0.01, 0.03, 0.1, 0.3, 1.0)
+BLOCKS = ("opml-none", "opml-l2", "copml-none", "opml-scaled", "copml-scaled")
+BLOCK_TITLES = {
+    "opml-none": "OPML, normalize = none",
+    "opml-l2": "OPML, normalize = l2",
+    "copml-none": "COPML, normalize = none, margin = 1",
+    "opml-scaled": 'OPML, step = "scaled" (gamma, margin in units of S_t)',
+    "copml-scaled": f'COPML, step = "scaled", gamma {SCALED_DEFAULT[0]:g}, margin 1',
+}
 
 
 def grid_table4() -> list[Entry]:
@@ -104,6 +131,11 @@ def grid_table4() -> list[Entry]:
         entries.append(Entry("opml", "opml", Config(margin=margin)))
         for gamma_pair in (1e-3, 1e-2):
             cfg = Config(gamma_pair=gamma_pair, margin=margin)
+            entries.append(Entry("copml", "copml", cfg))
+    for gamma in (0.05, 0.1):
+        entries.append(Entry("opml", "opml", Config(gamma=gamma, step="scaled")))
+        for gamma_pair in SCALED_PAIRS:
+            cfg = Config(gamma=gamma, gamma_pair=gamma_pair, step="scaled")
             entries.append(Entry("copml", "copml", cfg))
     return entries
 
@@ -250,7 +282,7 @@ def summarize_b(
     lines.append("| paper (Eucl./OPML/COPML) | | | | " + " | ".join(paper_cells) + " | |")
     for entry in entries:
         c = entry.config
-        cells = [entry.method]
+        cells = [entry.method + (" (scaled)" if c.step == "scaled" else "")]
         if entry.method == "euclidean":
             cells += ["-", "-", "-"]
         else:
@@ -339,18 +371,42 @@ def reading(rows: list[dict[str, Any]], names: list[str], cold: dict[str, float]
             f"by at most {100 * (max(at) - min(at)):.2f} pp across {len(at)} values (the pair "
             "stage only lasts until the second class appears)."
         )
+    scaled = [r for r in rows if r["entry"].block == "opml-scaled"]
+    if scaled:
+        full = [r for r in scaled if r["passes"] == n]
+        if full:
+            top = min(full, key=lambda r: r["delta"])
+            out.append(
+                f"- step = scaled: {len(full)}/{len(scaled)} entries keep all {n} data sets in "
+                f"the bar; the best of them is gamma = {cfg(top).gamma:g}, margin = "
+                f"{cfg(top).margin:g} (mean Δ {_pp(top['delta'])}, beats Euclidean on "
+                f"{top['beats']}/{n})."
+            )
+        for r in scaled:
+            if (cfg(r).gamma, cfg(r).margin) == (SCALED_DEFAULT[0], 1.0):
+                out.append(
+                    f"- step = scaled, gamma = {SCALED_DEFAULT[0]:g}, margin = 1 (the library's "
+                    "default): "
+                    f"{r['passes']}/{n} in bar (outside: {failing(r)}), mean Δ "
+                    f"{_pp(r['delta'])}, beats Euclidean on {r['beats']}/{n}, mean rank "
+                    f"{r['rank']:.1f} of {len(scaled)}."
+                )
     if cold:
         cold_entries = [e for e in grid_table4() if e.key in cold]
-        for gamma in sorted({e.config.gamma for e in cold_entries}):
+        for step, gamma in sorted({(e.config.step, e.config.gamma) for e in cold_entries}):
             same = [
                 e
                 for e in cold_entries
-                if e.config.gamma == gamma and e.method == "copml" and e.config.margin == 1.0
+                if (e.config.step, e.config.gamma) == (step, gamma)
+                and e.method == "copml"
+                and e.config.margin == 1.0
             ]
             opml = [
                 e
                 for e in cold_entries
-                if e.config.gamma == gamma and e.method == "opml" and e.config.margin == 1.0
+                if (e.config.step, e.config.gamma) == (step, gamma)
+                and e.method == "opml"
+                and e.config.margin == 1.0
             ]
             if not same:
                 continue
@@ -358,8 +414,8 @@ def reading(rows: list[dict[str, Any]], names: list[str], cold: dict[str, float]
             desc = ", ".join(f"{e.config.gamma_pair:g}: {_pp(cold[e.key])}" for e in same)
             base = f"; OPML {_pp(cold[opml[0].key])}" if opml else ""
             out.append(
-                f"- Cold start, gamma = {gamma:g}, margin 1: COPML mean Δ by gamma_pair {desc}"
-                f"{base}; best gamma_pair = {best_e.config.gamma_pair:g}."
+                f"- Cold start, step = {step}, gamma = {gamma:g}, margin 1: COPML mean Δ by "
+                f"gamma_pair {desc}{base}; best gamma_pair = {best_e.config.gamma_pair:g}."
             )
     return out
 
@@ -426,7 +482,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{PAPER[n]['opml'][0] + PAPER[n]['opml'][1]:.3f}" for n in names
     )
     tables: dict[str, str] = {}
-    for block in ("opml-none", "opml-l2", "copml-none"):
+    for block in BLOCKS:
         table = block_table_a(rows, block, names)
         extra = [paper_line, base_l2 if block == "opml-l2" else base_line]
         pad = " | | | | |"
@@ -437,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     computed = reading(rows, names, cold)
 
     best: dict[str, dict[str, Any]] = {}
-    for block in ("opml-none", "opml-l2", "copml-none"):
+    for block in BLOCKS:
         sel = [r for r in rows if r["entry"].block == block]
         by_delta = min(sel, key=lambda r: r["delta"])
         by_pass = max(sel, key=lambda r: (r["passes"], -r["delta"]))
@@ -474,18 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mean paired difference. 'in bar': data sets whose mean is within the paper's OPML "
         "mean + std (a 20-split mean, so noisier than Table II's). Best Δ in bold.",
         "",
-        "### OPML, normalize = none",
-        "",
-        tables["opml-none"],
-        "",
-        "### OPML, normalize = l2",
-        "",
-        tables["opml-l2"],
-        "",
-        "### COPML, normalize = none, margin = 1",
-        "",
-        tables["copml-none"],
-        "",
+        *(line for b in BLOCKS for line in (f"### {BLOCK_TITLES[b]}", "", tables[b], "")),
         "Best by mean Δ / by data sets in bar: "
         + "; ".join(f"{b}: `{v['by_delta']}` / `{v['by_bar']}`" for b, v in best.items()),
         "",

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import (
+    LIBRARY_METHODS,
     METHODS,
     RESULTS_DIR,
     TIE_BREAKS,
@@ -78,6 +79,9 @@ PAPER: dict[int, dict[str, float]] = {
 
 
 LAYOUTS = ("stratified", "rounds", "shuffled")
+#: The paper's rule (OPML, COPML with the command line's settings) and, beside it, COPML as the
+#: library ships it: ``default`` (step="scaled") and ``auto`` (gamma="auto").
+ALL_METHODS = (*METHODS, *LIBRARY_METHODS)
 
 
 def _class_parts(
@@ -150,7 +154,9 @@ def repetition(
     rng = np.random.default_rng(seed)
     train, test = cold_start_split(y, parts, layout, rng)
     X_tr, X_te = zscore(X[train], X[test])
-    errors = method_errors(X_tr, y[train], X_te, y[test], config, seed, tie_break=tie_break)
+    errors = method_errors(
+        X_tr, y[train], X_te, y[test], config, seed, ALL_METHODS, tie_break=tie_break
+    )
     runs = run_lengths(y[train])
     return {
         "errors": errors,
@@ -173,10 +179,10 @@ def _task(args: tuple[str, int, int, Config, str]) -> tuple[str, int, dict[str, 
 
 
 def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
-    per = {m: [r["errors"][m] for r in reps] for m in METHODS}
+    per = {m: [r["errors"][m] for r in reps] for m in ALL_METHODS}
     eu = np.asarray(per["euclidean"])
-    row: dict[str, Any] = {m: mean_std(per[m]) for m in METHODS}
-    for m in ("opml", "copml"):
+    row: dict[str, Any] = {m: mean_std(per[m]) for m in ALL_METHODS}
+    for m in ("opml", "copml", *LIBRARY_METHODS):
         diff = np.asarray(per[m]) - eu
         row[f"{m}_minus_euclidean"] = float(np.nanmean(diff))
         row[f"{m}_wins"] = int(np.sum(diff < 0))
@@ -192,15 +198,17 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 def table_markdown(summary: dict[int, dict[str, Any]]) -> str:
     lines = [
-        "| stream | Euclidean | paper | OPML | paper | COPML | paper | OPML-Eucl. (W/L) "
-        "| COPML-Eucl. (W/L) | COPML-OPML (W/L) | first run | runs in train | classes in train |",
-        "|" + "---|" * 13,
+        "| stream | Euclidean | paper | OPML | paper | COPML | paper | default | auto "
+        "| OPML-Eucl. (W/L) | COPML-Eucl. (W/L) | default-Eucl. (W/L) | auto-Eucl. (W/L) "
+        "| COPML-OPML (W/L) | first run | runs in train | classes in train |",
+        "|" + "---|" * 17,
     ]
     for parts, row in summary.items():
         cells = [f"seg-{parts}"]
         for m in METHODS:
             cells += [fmt(*row[m]), f"{PAPER[parts][m]:.3f}" if parts in PAPER else "-"]
-        for m in ("opml", "copml"):
+        cells += [fmt(*row[m]) for m in LIBRARY_METHODS]
+        for m in ("opml", "copml", *LIBRARY_METHODS):
             cells.append(
                 f"{row[f'{m}_minus_euclidean']:+.4f} ({row[f'{m}_wins']}/{row[f'{m}_losses']})"
             )
@@ -310,6 +318,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for layout, table in tables.items():
         md += [f"## Layout `{layout}`", "", table, ""]
     md += [
+        '`default` and `auto`: COPML as the library ships it (`step="scaled"`: gamma 0.05, '
+        "gamma_pair 0.1, margin 1 in units of the stream's typical squared difference; "
+        '`gamma="auto"`: four step sizes raced during the first 1,000 triplets), not set '
+        "from the command line. "
         "X-Y columns: mean paired difference over the same streams (negative = X better), with "
         "the number of repetitions X wins / loses. 'first run': mean length of the opening "
         "single-class run of the training stream (COPML's pair stage runs for its length minus "

@@ -320,36 +320,45 @@ class AsyncOPMLClient:
         dim: int,
         *,
         algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm"] | None = None,
-        gamma: float | None = None,
+        step: Literal["scaled", "paper", "constant", "descent", "invsqrt"] | None = None,
+        gamma: float | Literal["auto"] | None = None,
         gamma_pair: float | None = None,
         margin: float | None = None,
         normalize: Literal["none", "l2"] | None = None,
         seed: int | None = None,
-        step: Literal["constant", "descent", "invsqrt"] | None = None,
+        auto_warmup: int | None = None,
         eta: float | None = None,
         mu: float | None = None,
         kappa: float | None = None,
         lam: float | None = None,
         **options: Any,
     ) -> Model:
-        """Create a model (409 :class:`~clients.errors.Conflict` if the name exists).
+        """Create a model (409 :class:`~clients.errors.Conflict` if the name exists; 422
+        :class:`~clients.errors.InvalidInput` naming the field out of its range).
 
         Hyperparameters left ``None`` take the service's defaults, which depend on the
-        algorithm: ``gamma`` is OPML/COPML's step; ``step``, ``eta``, ``kappa`` (descent rule
-        only) and ``lam`` belong to ``sgd``, ``sgd_psd`` and ``brm``, ``mu`` to the first two;
-        for ``brm``, ``margin`` is tau < 1 (the README lists the ranges). A hyperparameter the
-        algorithm does not use is refused (:class:`~clients.errors.InvalidInput`, naming it).
-        ``options`` passes members the service accepts beyond the contract (e.g.
-        ``calibration_window``).
+        algorithm. ``step`` is one field whose values depend on it: for ``opml`` / ``copml``
+        ``"scaled"`` (the default: ``gamma``, ``gamma_pair`` and ``margin`` in units of the
+        stream's typical squared difference) or ``"paper"`` (the paper's rule, in the input's
+        units); for ``sgd``, ``sgd_psd`` and ``brm`` ``"constant"``, ``"descent"`` (the
+        default) or ``"invsqrt"``. ``gamma`` is OPML/COPML's step; ``gamma="auto"`` (with
+        ``auto_warmup``, opml/copml only) has the service race step sizes on the first
+        ``auto_warmup`` triplets and keep the best (``Model.race`` says which won). ``eta``,
+        ``kappa`` (descent rule only) and ``lam`` belong to ``sgd``, ``sgd_psd`` and ``brm``,
+        ``mu`` to the first two; for ``brm``, ``margin`` is tau < 1 (the README lists the
+        ranges). A hyperparameter, or a ``step`` value, the algorithm does not use is refused
+        (:class:`~clients.errors.InvalidInput`, naming it). ``options`` passes members the
+        service accepts beyond the contract (e.g. ``calibration_window``).
         """
         hyper = dict(
             algorithm=algorithm,
+            step=step,
             gamma=gamma,
             gamma_pair=gamma_pair,
             margin=margin,
             normalize=normalize,
             seed=seed,
-            step=step,
+            auto_warmup=auto_warmup,
             eta=eta,
             mu=mu,
             kappa=kappa,

@@ -1,7 +1,7 @@
 """``opml``: the service from a shell.
 
     opml serve [--port 8000] [--data-dir data] ...         # run the service (embedded Redis)
-    opml models create faces --dim 128 [--algorithm opml] [--gamma 0.001] ...
+    opml models create faces --dim 128 [--algorithm opml] [--step paper] [--gamma 0.05|auto] ...
     opml models create faces --dim 128 --algorithm sgd [--step descent] [--eta 5e-4] [--mu 0.1]
     opml models list | show faces | delete faces
     opml ingest data.csv --model faces [--label-column kind | --labels y.txt] [--resume-file r]
@@ -109,9 +109,24 @@ def _model_line(m: Model) -> str:
 def _model_detail(m: Model) -> str:
     lines = [f"{key}: {value}" for key, value in m.raw.items() if not isinstance(value, dict)]
     for key, value in m.raw.items():
-        if isinstance(value, dict):
-            lines.append(f"{key}: " + ", ".join(f"{k}={v}" for k, v in value.items()))
+        if isinstance(value, dict):  # its figures; the race's per-rung tables: --json
+            shown = (f"{k}={v}" for k, v in value.items() if not _is_table(v))
+            lines.append(f"{key}: " + ", ".join(shown))
     return "\n".join(lines)
+
+
+def _is_table(value: Any) -> bool:
+    return isinstance(value, list) and any(isinstance(item, dict) for item in value)
+
+
+def _gamma(text: str) -> float | str:
+    """``--gamma``: a number or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or auto, got {text!r}") from None
 
 
 # -- commands ------------------------------------------------------------------------------------
@@ -124,7 +139,8 @@ def cmd_serve(options: list[str]) -> NoReturn:
     serve(options, prog="opml serve")
 
 
-#: Hyperparameters of the gradient learners (sgd, sgd_psd, brm), options of ``models create``.
+#: Options of ``models create`` for the gradient learners (sgd, sgd_psd, brm); ``step`` is every
+#: algorithm's (its values depend on the algorithm).
 GRADIENT = ("step", "eta", "mu", "kappa", "lam")
 
 
@@ -132,7 +148,16 @@ def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
     if args.action == "create":
         options = {
             k: getattr(args, k)
-            for k in ("algorithm", "gamma", "gamma_pair", "margin", "normalize", "seed", *GRADIENT)
+            for k in (
+                "algorithm",
+                "gamma",
+                "gamma_pair",
+                "margin",
+                "normalize",
+                "seed",
+                "auto_warmup",
+                *GRADIENT,
+            )
         }
         model = client.create_model(args.name, args.dim, **options)
         _emit(args, model.raw, f"created {_model_line(model)}")
@@ -475,21 +500,31 @@ def build_parser() -> argparse.ArgumentParser:
         "M with PSD projection, O(d^3) per step), brm (boundary-restricted metric)",
     )
     create.add_argument(
-        "--gamma", type=float, help="opml/copml: step size of the triplet update (Eq. 16)"
+        "--step",
+        choices=["scaled", "paper", "constant", "descent", "invsqrt"],
+        help="step rule; its values depend on the algorithm: opml/copml scaled (default; "
+        "gamma, gamma-pair, margin in units of the stream's typical squared difference) or "
+        "paper (the paper's rule, in the input's units); sgd/sgd_psd/brm constant, descent "
+        "(default) or invsqrt",
+    )
+    create.add_argument(
+        "--gamma",
+        type=_gamma,
+        help="opml/copml: step size of the triplet update (Eq. 16), or auto: raced on the stream",
     )
     create.add_argument(
         "--gamma-pair", type=float, help="step size of COPML's pairwise stage (Eq. 20)"
     )
     create.add_argument("--margin", type=float, help="hinge margin (Eq. 4)")
     create.add_argument(
+        "--auto-warmup",
+        type=int,
+        help="opml/copml, --gamma auto: triplets raced before the winner is kept",
+    )
+    create.add_argument(
         "--normalize", choices=["none", "l2"], help="scale samples and queries to unit norm (l2)"
     )
     create.add_argument("--seed", type=int, help="seed of the negative-class draws")
-    create.add_argument(
-        "--step",
-        choices=["constant", "descent", "invsqrt"],
-        help="sgd/sgd_psd/brm: step rule (default descent)",
-    )
     create.add_argument("--eta", type=float, help="sgd/sgd_psd/brm: gradient step eta > 0")
     create.add_argument("--mu", type=float, help="sgd/sgd_psd: loss smoothing >= 0 (0: hinge)")
     create.add_argument(

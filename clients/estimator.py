@@ -39,7 +39,12 @@ def estimator_for(model: Model, L: Array) -> Estimator:
         raise ValueError(f"model: no estimator for algorithm {model.algorithm!r}")
     cls: type[Estimator] = classes[model.algorithm]
     names = [n for n in cls._get_param_names() if n != "random_state"]
-    params: dict[str, Any] = {n: getattr(model, n) for n in names}
+    params: dict[str, Any] = {n: getattr(model, n, None) for n in names}
+    if model.algorithm in ("opml", "copml"):
+        # gamma "auto": the step the service's race kept (while it still races, race again)
+        race = model.race or {}
+        params["gamma"] = race.get("winner") or model.gamma
+        params["auto_warmup"] = int(model.raw.get("auto_warmup") or 1000)
     estimator = cls(**params, random_state=model.seed)
     config = LearnerConfig(
         dim=model.dim,

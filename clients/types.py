@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -42,7 +42,13 @@ class Model:
     """A model: hyperparameters and live state.
 
     ``updates`` counts steps by outcome (``triplet``, ``pair``, ``passive``, ...); ``classes`` is
-    what the service reports for the classes seen (their number).
+    what the service reports for the classes seen (their number). ``step`` is the step rule:
+    ``"scaled"`` or ``"paper"`` for opml/copml (``"paper"`` from a service that predates step
+    rules), ``"constant"``, ``"descent"`` or ``"invsqrt"`` for sgd, sgd_psd and brm. ``gamma``
+    is a number or ``"auto"`` (None for the gradient learners); ``health`` the divergence
+    monitor (``state``, ``times_tripped``, ``step_scale``, ...; opml/copml only) and ``race``
+    the ``gamma="auto"`` race (``state``, ``winner``, ``rounds``, ...; None otherwise), as the
+    service reports them (None if it does not).
 
     >>> m = Model.from_json({"name": "faces", "dim": 2, "algorithm": "copml", "gamma": 0.001,
     ...     "gamma_pair": 0.001, "margin": 1.0, "normalize": "none", "seed": 0, "version": 3,
@@ -50,12 +56,14 @@ class Model:
     ...     "verification": {"threshold": None, "calibrated": False}})
     >>> m.name, m.samples_seen, m.updates["triplet"], m.verification.calibrated
     ('faces', 3, 1, False)
+    >>> m.step, m.health, m.race
+    ('paper', None, None)
     """
 
     name: str
     dim: int
     algorithm: str
-    gamma: float | None
+    gamma: float | Literal["auto"] | None
     gamma_pair: float
     margin: float
     normalize: str
@@ -65,10 +73,12 @@ class Model:
     classes: Any
     updates: dict[str, int]
     verification: VerificationState
+    step: str | None = "paper"
+    health: dict[str, Any] | None = None
+    race: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: The gradient learners' hyperparameters (``sgd``, ``sgd_psd``, ``brm``; None where the
     #: algorithm does not use one, and for ``gamma`` of these three).
-    step: str | None = None
     eta: float | None = None
     mu: float | None = None
     kappa: float | None = None
@@ -79,11 +89,14 @@ class Model:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Model:
         step = doc.get("step")
+        if step is None and doc["algorithm"] in ("opml", "copml"):
+            step = "paper"  # a service that predates step rules ran the paper's
+        gamma = doc.get("gamma")
         return cls(
             name=str(doc["name"]),
             dim=int(doc["dim"]),
             algorithm=str(doc["algorithm"]),
-            gamma=_opt_float(doc.get("gamma")),
+            gamma="auto" if gamma == "auto" else _opt_float(gamma),
             gamma_pair=float(doc["gamma_pair"]),
             margin=float(doc["margin"]),
             normalize=str(doc["normalize"]),
@@ -93,8 +106,10 @@ class Model:
             classes=doc["classes"],
             updates={str(k): int(v) for k, v in doc["updates"].items()},
             verification=VerificationState.from_json(doc["verification"]),
-            raw=doc,
             step=None if step is None else str(step),
+            health=doc.get("health"),
+            race=doc.get("race"),
+            raw=doc,
             eta=_opt_float(doc.get("eta")),
             mu=_opt_float(doc.get("mu")),
             kappa=_opt_float(doc.get("kappa")),

@@ -41,7 +41,8 @@ def main() -> None:
     with OPMLClient(args.url) as client:
         with contextlib.suppress(NotFound):
             client.delete_model(args.model)
-        # l2-normalised inputs: the setting of the paper's gamma < 1/4 guarantee.
+        # l2-normalised inputs; step "scaled" (the default): gamma in units of the typical
+        # squared difference of the stream
         client.create_model(
             args.model, 64, algorithm="copml", gamma=0.1, gamma_pair=0.1, normalize="l2", seed=0
         )

@@ -11,10 +11,11 @@ Two kinds of series:
 * **Events** (counters and histograms) are incremented where they happen: ingestion, learner
   batches, checkpoints, verify answers, Redis failures, WebSocket frames, HTTP requests.
 * **State** (gauges of each model: version, lag, classes, ``||L||_F``, hinge, accuracy, EER,
-  threshold, checkpoint age, ...) is read at scrape time from each model's status (the engine's
-  one read model, :class:`~service.engine.status.ModelStatus`) by the collector of
-  :mod:`service.api.observe`. Nothing has to be kept in sync, ages are computed with the
-  service's own clock when Prometheus asks, and a deleted model simply stops appearing.
+  threshold, the divergence monitor, the served step size, checkpoint age, ...) is read at
+  scrape time from each model's status (the engine's one read model,
+  :class:`~service.engine.status.ModelStatus`) by the collector of :mod:`service.api.observe`.
+  Nothing has to be kept in sync, ages are computed with the service's own clock when
+  Prometheus asks, and a deleted model simply stops appearing.
 
 This module imports nothing of the engine or the API: they import it.
 

@@ -1,10 +1,11 @@
 """What the API exposes for observation, besides the event metrics of :mod:`service.telemetry`:
 
 * :class:`ModelStateCollector` -- the per-model gauges (version, lag, classes, ``||L||_F``,
-  hinge, accuracy, EER, threshold, checkpoint age, ownership, step mass, the latest periodic
-  certificate's ``opml_certificate_*``), ``opml_model_info`` (value 1, labels ``model``,
-  ``algorithm``, ``step``: join on ``model`` to break any per-model series down by algorithm),
-  read from each model's
+  hinge, accuracy, EER, threshold, the divergence monitor and the served step size (opml /
+  copml; no sample for the gradient learners, whose ``health`` is null), checkpoint age,
+  ownership, step mass, the latest periodic certificate's ``opml_certificate_*``),
+  ``opml_model_info`` (value 1, labels ``model``, ``algorithm``, ``step``: join on ``model``
+  to break any per-model series down by algorithm or step rule), read from each model's
   :class:`~service.engine.status.ModelStatus` when Prometheus scrapes: nothing is kept in sync,
   ages are computed with the service's own clock, and a deleted model simply stops appearing;
 * :class:`HttpMetrics` -- ASGI middleware for ``opml_http_request_duration_seconds`` (RED by
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from prometheus_client import REGISTRY, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -44,6 +46,20 @@ _STATE = {
     "opml_verification_threshold": "Calibrated verification threshold (squared distance).",
     "opml_verification_calibrated": "1 once the window holds enough pairs to calibrate.",
     "opml_verification_window_pairs": "Triplet (positive, negative) pairs in the window.",
+    "opml_model_diverging": "1 while the divergence monitor of the served metric is in state "
+    "diverging (it tripped within the last 100 steps: too many shrunk steps or ||L||_F grew "
+    "10x within 100 updates), else 0.",
+    "opml_model_divergence_trips": "Times the divergence monitor tripped since the model was "
+    "created (each trip cut the step size; kept across restarts).",
+    "opml_model_step_scale": "Factor the divergence monitor's trips left on the step sizes "
+    "(1: never tripped).",
+    "opml_model_shrunk_step_ratio": "Running share of recent triplet updates that needed the "
+    "shrink guard (0 in the paper's regime).",
+    "opml_metric_growth_log10": "log10(||L||_F / ||L_0||_F): growth of the metric against the "
+    "one the model started from (the identity, or the last PUT metric).",
+    "opml_model_gamma": "Triplet step size the served metric runs with, in its step rule's "
+    'units (gamma "auto": the raced step serving now, absent before the first sample; '
+    "step_scale not applied).",
     "opml_checkpoint_seq": "Last seq included in the latest checkpoint.",
     "opml_model_owner": "1 on the process that owns (learns and checkpoints) the model; the "
     "other processes export no state gauges for it.",
@@ -56,10 +72,34 @@ _STATE = {
 _INFO_LABELS = ["algorithm", "step"]
 
 
+def _health_gauges(health: dict[str, Any] | None) -> dict[str, float | None]:
+    """The divergence monitor's gauges (all None, i.e. not exported, without a monitor)."""
+    if health is None:
+        return dict.fromkeys(_HEALTH)
+    return {
+        "opml_model_diverging": float(health["state"] == "diverging"),
+        "opml_model_divergence_trips": health["times_tripped"],
+        "opml_model_step_scale": health["step_scale"],
+        "opml_model_shrunk_step_ratio": health["shrunk_rate"],
+        "opml_metric_growth_log10": health["growth"],
+    }
+
+
+_HEALTH = (
+    "opml_model_diverging",
+    "opml_model_divergence_trips",
+    "opml_model_step_scale",
+    "opml_model_shrunk_step_ratio",
+    "opml_metric_growth_log10",
+)
+
+
 def gauges(status: ModelStatus, now: float) -> dict[str, float | None]:
     """The per-model gauges of one status (None: no value yet, no sample exported)."""
     snap = status.snapshot
     cal = snap.calibration
+    health = snap.health
+    gamma = status.config.gamma if snap.race is None else snap.race.get("serving")
     saved_at = status.checkpoint_at if status.checkpoint_at is not None else status.created_at
     return {
         "opml_model_version": snap.version,
@@ -74,6 +114,8 @@ def gauges(status: ModelStatus, now: float) -> dict[str, float | None]:
         "opml_verification_threshold": cal.threshold,
         "opml_verification_calibrated": float(cal.calibrated),
         "opml_verification_window_pairs": cal.pairs,
+        **_health_gauges(health),
+        "opml_model_gamma": gamma if isinstance(gamma, float) else None,  # None: not opml
         "opml_checkpoint_seq": status.checkpoint_seq,
         "opml_checkpoint_age_seconds": max(0.0, now - saved_at),
         "opml_model_owner": float(status.owner),

@@ -190,13 +190,17 @@ def restricted(raw: str | None) -> bool:
 
 def learner_config(body: ModelCreate) -> LearnerConfig:
     """The core's configuration of a create body (fields left out take the algorithm's
-    defaults). The core's range checks that depend on several fields or on the algorithm
-    (its ValueError names the field) become a 422 naming ``body.<field>``."""
+    defaults). The core's range checks that depend on several fields, on the algorithm (the
+    ``step`` values of each) or on the step rule (:mod:`service.core.steps`; its ValueError
+    names the field) become a 422 naming ``body.<field>``."""
+    values = body.model_dump(exclude={"name"}, exclude_none=True)
     try:
-        return LearnerConfig(**body.model_dump(exclude={"name"}, exclude_none=True))
+        return LearnerConfig(**values)
     except ValueError as exc:
-        field, _, msg = str(exc).partition(": ")
-        raise invalid(["body", field], msg) from None
+        field, _, reason = str(exc).partition(": ")
+        if field in ModelCreate.model_fields and reason:
+            raise invalid(["body", field], reason) from None
+        raise invalid(["body"], str(exc)) from None
 
 
 #: ``?wait`` of ``POST .../samples`` is a boolean as pydantic reads one from text (``true`` /

@@ -59,6 +59,7 @@ def _live(snap: Snapshot) -> dict[str, Any]:
         "updates": updates(snap.counts),
         "verification": verification(snap),
         "metric_puts": snap.metric_puts,
+        "health": snap.health,
     }
 
 
@@ -70,23 +71,26 @@ def model_document(status: ModelStatus) -> dict[str, Any]:
         "name": status.name,
         "dim": c.dim,
         "algorithm": c.algorithm,
+        "step": c.step,
         "gamma": c.gamma,
         "gamma_pair": c.gamma_pair,
         "margin": c.margin,
         "normalize": c.normalize,
         "seed": c.seed,
         "calibration_window": c.calibration_window,
+        "auto_warmup": c.auto_warmup,
         "holdout": c.holdout,
         "holdout_window": c.holdout_window,
         "pac_bayes_prefix": c.pac_bayes_prefix,
         "pac_bayes_window": c.pac_bayes_window,
-        "step": c.step,
         "eta": c.eta,
         "mu": c.mu,
         "kappa": c.kappa,
         "lam": c.lam,
         **_live(snap),
         "stability": snap.stability.to_dict(),
+        "race": snap.race,
+        "effective": snap.effective,
         "logged_seq": status.logged_seq,
         "checkpoint": {
             "seq": status.checkpoint_seq,
@@ -108,8 +112,10 @@ def event_frame(status: ModelStatus) -> dict[str, Any]:
 
 def verify_threshold(snap: Snapshot, given: float | None) -> tuple[float, str]:
     """The threshold a verify uses and where it came from: the core's rule (the one
-    certificates certify by default, :func:`service.core.certificates.served_threshold`)."""
-    return served_threshold(snap.calibration, snap.metric.config.margin, given)
+    certificates certify by default, :func:`service.core.certificates.served_threshold`; its
+    margin fallback in input units, :attr:`service.core.Learner.margin`)."""
+    return served_threshold(snap.calibration, snap.margin, given)
+
 
 
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))

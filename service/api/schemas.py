@@ -60,6 +60,7 @@ Label = Annotated[
 #: Numbers only: strict, so ``"2"`` and ``true`` are refused rather than coerced (ints are fine).
 Vector = Annotated[list[StrictFloat], Field(min_length=1, examples=[[0.1, 0.2, 0.3]])]
 Matrix = Annotated[list[Vector], Field(min_length=1)]
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Body(BaseModel):
@@ -73,25 +74,44 @@ class ModelCreate(_Body):
     (``margin >= 1`` for ``brm``, ``2 eta lam >= 1``, ``kappa`` without ``step="descent"``)."""
 
     name: ModelName
-    dim: int = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
+    dim: StrictInt = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
     algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm"] = "copml"
-    gamma: float | None = Field(
+    step: Literal["scaled", "paper", "constant", "descent", "invsqrt"] | None = Field(
         default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="OPML/COPML triplet step size (default 1e-3); not used by the others.",
+        description="Step rule; its values depend on the algorithm (another one: 422 naming "
+        'body.step). opml/copml: "scaled" (default) reads gamma, gamma_pair and margin in '
+        'units of the stream\'s running mean squared difference (scale-free); "paper" in the '
+        "input's own units, the paper's literal rule. sgd, sgd_psd, brm: \"constant\" (eta), "
+        '"descent" (default: min(eta, cap)), "invsqrt" (eta / sqrt(t)).',
     )
-    gamma_pair: float = Field(
-        default=1e-2,
-        gt=0,
-        allow_inf_nan=False,
-        description="Cold-start pair step: COPML's gamma_1, sgd's explicit twin of it.",
-    )
-    margin: float | None = Field(
+    # None: the core's default for the algorithm and its step rule (service.core.steps). The
+    # upper bounds depend on the step rule: the core checks them (a 422 naming the field).
+    gamma: PositiveFloat | Literal["auto"] | None = Field(
         default=None,
-        gt=0,
-        allow_inf_nan=False,
-        description="Hinge margin (Eq. 4; default 1); brm's tau in D_R^2 units, < 1 (default 0.1).",
+        description='OPML/COPML triplet step size, or "auto" (step "scaled" only): the service '
+        "races 0.025, 0.05, 0.1 and 0.2 on the stream's first auto_warmup triplets and keeps "
+        "the best. Range: (0, 1] scaled, (0, 1e6] paper; default 0.05 scaled, 1e-3 paper. "
+        "Not used by the others.",
+    )
+    gamma_pair: PositiveFloat | None = Field(
+        default=None,
+        description="Cold-start pair step: COPML's gamma_1 (range (0, 1] scaled, (0, 1e6] "
+        "paper; default 0.1 scaled, 1e-2 paper), sgd's explicit twin of it (range (0, 1e6], "
+        "default 1e-2).",
+    )
+    margin: PositiveFloat | None = Field(
+        default=None,
+        description="Hinge margin (Eq. 4; default 1). opml/copml: in the step rule's units, "
+        "range (0, 100] scaled, (0, 1e12] paper; sgd, sgd_psd: (0, 1e12]; brm: its tau in "
+        "D_R^2 units, in (0, 1) (default 0.1).",
+    )
+    auto_warmup: int | None = Field(
+        default=None,
+        ge=10,
+        le=100_000,
+        description='opml/copml with gamma "auto": triplets raced before the winner is kept '
+        "(default 1000; k = 4 learners during the first half, 2 during the second). Not used "
+        "by the others.",
     )
     normalize: Literal["none", "l2"] = "none"
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
@@ -121,11 +141,6 @@ class ModelCreate(_Body):
         le=MAX_WINDOW,
         description="PAC-Bayes: training samples after the prefix kept as the bound set "
         "(0: method=pac-bayes is off).",
-    )
-    step: Literal["constant", "descent", "invsqrt"] | None = Field(
-        default=None,
-        description="Step rule of sgd, sgd_psd, brm (default descent): eta, min(eta, cap), "
-        "eta / sqrt(t).",
     )
     eta: float | None = Field(
         default=None,
@@ -204,23 +219,97 @@ class CheckpointOut(BaseModel):
     age_s: float | None = Field(description="Seconds since it was written (null: none yet).")
 
 
+class Health(BaseModel):
+    """The divergence monitor of the served metric (:mod:`service.core.health`): it trips when
+    more than 10 % of recent triplet updates needed the shrink guard or ``||L||_F`` grew 10x
+    within 100 updates; a trip cuts every later step (``step_scale``) and is counted."""
+
+    state: Literal["ok", "diverging", "stabilised"] = Field(
+        description='"ok": never tripped; "diverging": tripped within the last 100 steps; '
+        '"stabilised": tripped before, none since.'
+    )
+    shrunk_rate: float = Field(description="Running share of triplet updates that were shrunk.")
+    growth: float | None = Field(
+        description="log10(||L||_F / ||L_0||_F) against the metric the model started from."
+    )
+    growth_rate: float = Field(description="The same over the last complete 100-update window.")
+    frobenius_norm: float = Field(description="||L||_F as tracked by the monitor.")
+    times_tripped: int
+    step_scale: float = Field(description="Factor the trips left on gamma and gamma_pair.")
+    updates: int = Field(description="Updates that changed L (triplet and pair).")
+
+
+class Effective(BaseModel):
+    """The served metric's step sizes and margin in input units, as the next step uses them
+    (``step_scale`` applied); ``scale`` is the running mean squared difference (null before
+    the first difference, and the scaled figures with it)."""
+
+    scale: float | None
+    gamma: float | None
+    gamma_pair: float | None
+    margin: float | None
+
+
+class RaceScore(BaseModel):
+    gamma: float
+    score: float | None = Field(description="Prequential verification ROC AUC of the rung.")
+    tripped: bool = Field(description="Its divergence monitor tripped (ranked last).")
+
+
+class RaceRound(BaseModel):
+    rung: int
+    triplets: int = Field(description="Triplets raced when the rung ended.")
+    candidates: list[RaceScore]
+    kept: list[float] = Field(description="The step sizes that went on.")
+
+
+class RaceCandidate(Health):
+    gamma: float
+
+
+class Race(BaseModel):
+    """``gamma: "auto"``: the race of step sizes (:mod:`service.core.race`)."""
+
+    state: Literal["racing", "done"]
+    grid: list[float]
+    warmup: int
+    triplets: int = Field(description="Triplets raced so far.")
+    rung: int
+    rungs: int
+    winner: float | None = Field(description="The step size kept (null while racing).")
+    rounds: list[RaceRound]
+    serving: float | None = Field(
+        default=None, description="The step size of the metric served now (null: not started)."
+    )
+    candidates: list[RaceCandidate] | None = Field(
+        default=None, description="The live candidates and their monitors (null: not started)."
+    )
+
+
 class ModelOut(BaseModel):
     """A model: its hyperparameters and its live state (one consistent snapshot)."""
 
     name: str
     dim: int
     algorithm: str
-    gamma: float | None
+    step: Literal["scaled", "paper", "constant", "descent", "invsqrt"] | None = Field(
+        default=None,
+        description="opml/copml: scaled or paper; sgd, sgd_psd, brm: constant, descent or "
+        "invsqrt (null only from a process of a version without step rules).",
+    )
+    gamma: float | Literal["auto"] | None
     gamma_pair: float
     margin: float
     normalize: str
     seed: int
     calibration_window: int
+    auto_warmup: int | None = Field(
+        default=None, description='opml/copml: the gamma "auto" warm-up (null for the others).'
+    )
     holdout: float
     holdout_window: int
     pac_bayes_prefix: int
     pac_bayes_window: int
-    step: str | None = None
     eta: float | None = None
     mu: float | None = None
     kappa: float | None = None
@@ -237,6 +326,17 @@ class ModelOut(BaseModel):
         "process of a version without them.",
     )
     metric_puts: int = Field(description="PUT metric replacements applied.")
+    health: Health | None = Field(
+        default=None,
+        description="opml/copml: the divergence monitor; null for sgd, sgd_psd and brm (their "
+        "kernels do not track ||L||_F; the descent cap bounds their steps instead).",
+    )
+    race: Race | None = Field(default=None, description='gamma "auto": the race (else null).')
+    effective: Effective | None = Field(
+        default=None,
+        description="opml/copml: step sizes and margin in input units; null for the others "
+        "(their hyperparameters are in input units already).",
+    )
     checkpoint: CheckpointOut
     created_at: float
     owner: bool = Field(

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 from service.core.calibration import Calibration, ThresholdCalibrator
 from service.core.certificates import Certificate, NotEnoughHeldOut
-from service.core.learner import OUTCOMES, Learner, LearnerConfig, normalize_rows, warm_up
+from service.core.learner import (
+    OUTCOMES,
+    Learner,
+    LearnerConfig,
+    legacy_config,
+    normalize_rows,
+    warm_up,
+)
 from service.core.stability import Stability
 from service.core.update import StepResult, StepResults
 
@@ -42,6 +49,7 @@ __all__ = [
     "StepResult",
     "StepResults",
     "ThresholdCalibrator",
+    "legacy_config",
     "normalize_rows",
     "warm_up",
 ]

@@ -6,6 +6,7 @@ nothing is validated twice: the learner validates once, then works on trusted ar
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -102,4 +103,38 @@ def check_nonnegative(value: Any, name: str) -> float:
     out = _number(value, name)
     if not np.isfinite(out) or out < 0:
         raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+    return out
+
+
+def check_range(value: Any, name: str, low: float, high: float) -> float:
+    """A finite float in ``(low, high]``; ValueError naming ``name`` and the range otherwise.
+
+    >>> check_range(0.5, "gamma", 0.0, 1.0)
+    0.5
+    >>> check_range(1e300, "gamma", 0.0, 1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: gamma: must be in (0, 1], got 1e+300
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: must be a number, got {value!r}")
+    out = _number(value, name)
+    if not (math.isfinite(out) and low < out <= high):
+        raise ValueError(f"{name}: must be in ({low:g}, {high:g}], got {value!r}")
+    return out
+
+
+def check_int(value: Any, name: str, low: int, high: int) -> int:
+    """An integer (not a bool, float or string) in ``[low, high]``.
+
+    >>> check_int("64", "dim", 1, 32768)
+    Traceback (most recent call last):
+    ...
+    ValueError: dim: must be an integer, got '64'
+    """
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise ValueError(f"{name}: must be an integer, got {value!r}")
+    out = int(value)
+    if not low <= out <= high:
+        raise ValueError(f"{name}: must be in [{low}, {high}], got {out}")
     return out

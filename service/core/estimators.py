@@ -26,6 +26,7 @@ import numpy as np
 from service.core._validation import Array, as_float_array, label_key
 from service.core.brm import restricted_root
 from service.core.learner import Learner, LearnerConfig, Normalize, StepRule
+from service.core.steps import Step
 
 
 class _ParamsBase:
@@ -244,14 +245,23 @@ class OPML(_OnlineMetric):
     other class; an active hinge (Eq. 4) triggers the rank-two closed-form update (Eq. 16).
     Samples of the only class seen so far are buffered, not learned from.
 
+    ``gamma``, ``margin`` and ``step`` are :class:`~service.core.LearnerConfig`'s: with the
+    default ``step="scaled"`` they are read in units of the data's typical squared difference
+    (``gamma=None``: 0.05; ``"auto"`` races a grid during the first ``auto_warmup`` triplets);
+    ``step="paper"`` is the paper's literal rule (``gamma=None``: 1e-3).
+
     >>> from service.core import OPML
     >>> X = [[0.0, 0.0], [0.0, 0.5], [0.3, 0.0], [0.3, 0.5], [0.0, 0.1], [0.2, 0.5]]
     >>> y = [0, 1, 0, 1, 0, 1]
-    >>> m = OPML(gamma=0.1, random_state=0).fit(X, y)
+    >>> m = OPML(gamma=0.1, step="paper", random_state=0).fit(X, y)
     >>> m.learner_.counts["triplet_update"]
     4
     >>> before = 0.5                          # Euclidean distance between the class centres
     >>> bool(m.pair_distance([[[0.0, 0.0], [0.0, 0.5]]])[0] > before)
+    True
+    >>> m1 = OPML(random_state=0).fit(X, y)
+    >>> m1000 = OPML(random_state=0).fit(np.multiply(X, 1024.0), y)   # scale-free default
+    >>> bool(np.array_equal(m1.components_, m1000.components_))
     True
     """
 
@@ -259,14 +269,18 @@ class OPML(_OnlineMetric):
 
     def __init__(
         self,
-        gamma: float = 1e-3,
+        gamma: float | str | None = None,
         margin: float = 1.0,
         normalize: Normalize = "none",
+        step: Step | None = None,
+        auto_warmup: int = 1000,
         random_state: Any = None,
     ) -> None:
         self.gamma = gamma
         self.margin = margin
         self.normalize = normalize
+        self.step = step
+        self.auto_warmup = auto_warmup
         self.random_state = random_state
 
 
@@ -275,7 +289,8 @@ class COPML(_OnlineMetric):
 
     While one class only has been seen, adjacent samples form a similar pair and ``L`` takes a
     Sherman-Morrison step with ``gamma_pair``; afterwards every step is an OPML step with
-    ``gamma``.
+    ``gamma``. Step rules and units as in :class:`OPML` (``gamma_pair=None``: 0.1 scaled,
+    1e-2 paper).
 
     >>> from service.core import COPML
     >>> X = [[0.0, 0.0], [0.0, 1.0], [0.0, 2.0], [3.0, 0.0]]
@@ -290,16 +305,20 @@ class COPML(_OnlineMetric):
 
     def __init__(
         self,
-        gamma: float = 1e-3,
-        gamma_pair: float = 1e-2,
+        gamma: float | str | None = None,
+        gamma_pair: float | None = None,
         margin: float = 1.0,
         normalize: Normalize = "none",
+        step: Step | None = None,
+        auto_warmup: int = 1000,
         random_state: Any = None,
     ) -> None:
         self.gamma = gamma
         self.gamma_pair = gamma_pair
         self.margin = margin
         self.normalize = normalize
+        self.step = step
+        self.auto_warmup = auto_warmup
         self.random_state = random_state
 
 

@@ -84,6 +84,8 @@ class HoldoutSettings(Protocol):
     @property
     def dim(self) -> int: ...
     @property
+    def algorithm(self) -> str: ...
+    @property
     def seed(self) -> int: ...
     @property
     def margin(self) -> float: ...
@@ -359,9 +361,11 @@ class Holdout:
         method: Method = "binomial",
         threshold: float | None = None,
         version: int | None = None,
+        margin: float | None = None,
     ) -> Certificate:
         """Certify ``L`` at ``threshold`` (default: the served one, see
-        :func:`~service.core.certificates.served_threshold`).
+        :func:`~service.core.certificates.served_threshold`; ``margin``: its last fallback in
+        input units, default ``config.margin``, the learner passes its scaled one).
 
         ``"binomial"`` / ``"kl"`` use the reservoir and certify the served metric;
         ``"pac-bayes"`` uses the prefix prior and the bound window and certifies the Gibbs
@@ -369,8 +373,17 @@ class Holdout:
         when the tool is not configured; :class:`~service.core.certificates.NotEnoughHeldOut`
         when there are too few samples yet.
         """
+        if self.config.algorithm == "brm":
+            # The certificates count errors of ||L(a - b)||^2; a brm model decides on D_R^2,
+            # which is not a function of it (service.core.brm): a bound on the other
+            # distance would be no bound on what the model serves.
+            raise ValueError(
+                "algorithm: certificates are not available for 'brm' (they bound decisions "
+                "on ||L(a - b)||^2, a brm model decides on the restricted distance)"
+            )
         delta, method = check_certificate_args(delta, method)
-        theta, source = served_threshold(calibration, self.config.margin, threshold)
+        margin = self.config.margin if margin is None else margin
+        theta, source = served_threshold(calibration, margin, threshold)
         seed = self.config.seed
         if method == "pac-bayes":
             if not self.tracking:

@@ -7,13 +7,25 @@ time (the service owns all concurrency).
 Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and generator:
 
 * ``opml`` / ``copml``: the paper's closed-form step (Eq. 16), COPML with the cold-start pair
-  step (Eq. 20): :mod:`service.core.update`;
+  step (Eq. 20): :mod:`service.core.update`; step sizes read in units of the stream's scale
+  (``step="scaled"``) or the input's (``step="paper"``), :mod:`service.core.steps`;
+  ``gamma="auto"`` races step sizes (:mod:`service.core.race`); a divergence monitor cuts a
+  runaway step (:mod:`service.core.health`); one copy of ``L`` per race candidate
+  (:class:`~service.core.tracks.Tracks`, which holds every algorithm's ``L``, entry bound and
+  calibrator);
 * ``sgd``: online SGD on the (smoothed) triplet margin loss for the same ``L``, OPML's explicit
   twin, O(d^2): :mod:`service.core.sgd`;
 * ``sgd_psd``: projected SGD on ``M = L^T L``, the convex setting of seed 000, O(d^3) per
   active step: :mod:`service.core.psd`;
 * ``brm``: online BRM-R, learning ``L`` under the boundary-restricted distance (seed 003),
   O(d^2): :mod:`service.core.brm`. Its verification calibrator works on ``D_R^2``.
+
+``step`` is one field whose values depend on the algorithm: ``"scaled"`` (default) or
+``"paper"`` for ``opml`` / ``copml``, ``"constant"``, ``"descent"`` (default) or ``"invsqrt"`` for
+the gradient learners (:data:`STEP_VALUES`). The divergence monitor, ``gamma="auto"`` and
+``auto_warmup`` belong to ``opml`` / ``copml``: the gradient learners have their own step
+machinery (the ``descent`` cap, the lazy decay), and :attr:`Learner.health`,
+:attr:`Learner.race` and :attr:`Learner.effective` are ``None`` for them.
 
 Every learner also reports step-mass diagnostics (:meth:`Learner.stability`,
 :mod:`service.core.stability`) and the restricted distance of its metric
@@ -26,14 +38,16 @@ import contextlib
 import functools
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from scipy.linalg.blas import dtrmm
 from threadpoolctl import ThreadpoolController
 
+from service.core import steps
 from service.core._validation import (
     Array,
+    check_int,
     check_matrix,
     check_metric,
     check_nonnegative,
@@ -46,44 +60,56 @@ from service.core.calibration import ThresholdCalibrator
 from service.core.certificates import Certificate, Method
 from service.core.gradient import CONSTANT, KINDS, STEP_RULES, learn_batch_gradient
 from service.core.holdout import HELD_OUT, Flags, Holdout, check_flags, check_holdout_config
+from service.core.race import DEFAULT_GAMMA, Race
 from service.core.stability import Stability, StabilityTracker
-from service.core.update import OUTCOMES as OUTCOMES
+from service.core.tracks import Tracks
 from service.core.update import (
+    BOUND,
     PASSIVE,
     SGD_UPDATE,
     SHRUNK_UPDATE,
+    STEP_SCALE,
     TRIPLET_UPDATE,
     StepResult,
     StepResults,
-    learn_batch,
 )
+from service.core.update import OUTCOMES as OUTCOMES
 
 Algorithm = Literal["opml", "copml", "sgd", "sgd_psd", "brm"]
 StepRule = Literal["constant", "descent", "invsqrt"]
+#: ``step`` of any algorithm: the OPML/COPML unit rules or the gradient learners' schedules.
+Step = steps.Step | StepRule
 Normalize = Literal["none", "l2"]
 
 #: Each algorithm's own hyperparameters and their defaults. A field missing from an
 #: algorithm's row is not used by it: it stays ``None`` and setting it is a ValueError
 #: (``kappa`` belongs to ``step="descent"`` only). ``gamma_pair`` is used by ``copml`` and
-#: ``sgd`` (the cold-start pair step) and kept, unused, by the others. Ranges where each update
-#: is defined (else ValueError naming the field):
+#: ``sgd`` (the cold-start pair step) and kept, unused, by the others. ``opml`` / ``copml``
+#: take ``gamma``, ``gamma_pair`` and ``margin`` from their step rule
+#: (:data:`service.core.steps.DEFAULTS`: scaled ``0.05 / 0.1 / 1``, paper ``1e-3 / 1e-2 / 1``).
+#: Ranges where each update is defined (else ValueError naming the field); those of ``opml`` /
+#: ``copml`` (``gamma``, ``gamma_pair``, ``margin``, ``auto_warmup``, per step rule) are
+#: :mod:`service.core.steps`'s table:
 #:
-#: ======== ====================================================================================
-#: gamma    > 0: OPML's step (Eqs. 12, 16)
-#: margin   > 0; for ``brm`` (its tau, a gap of ``D_R^2`` in [0, 1)) also < 1
-#: step     ``"constant"``, ``"descent"`` or ``"invsqrt"`` (:mod:`service.core.sgd`)
-#: eta      > 0: the gradient step eta_0. Defaults: ``sgd`` ``gamma / 2`` and ``sgd_psd``
-#:          ``2 gamma``, the first-order match of OPML's step (``L -> L (I - gamma A)``, i.e.
-#:          ``M -> M - 2 gamma A`` near ``M = I``); ``brm`` 0.3, the best of a grid on seed
-#:          003's Table 3 protocol (``benchmarks/results/learners.md``)
-#: mu       >= 0: smoothing of the loss (0 = hinge); ``sgd``, ``sgd_psd``
-#: kappa    in (0, 0.5]: the descent cap's fraction (1 would collapse a direction of L)
-#: lam      >= 0 with ``2 eta lam < 1`` (and ``gamma_pair lam < 1`` for ``sgd``): the decay
-#:          factor ``1 - 2 eta lam`` stays positive
-#: ======== ====================================================================================
+#: ========== ==================================================================================
+#: step       ``opml`` / ``copml``: ``"scaled"`` (default) or ``"paper"``
+#:            (:mod:`service.core.steps`); ``sgd``, ``sgd_psd``, ``brm``: ``"constant"``,
+#:            ``"descent"`` (default) or ``"invsqrt"`` (:mod:`service.core.sgd`)
+#: gamma_pair > 0: ``sgd``'s pair step (default 1e-2)
+#: margin     > 0; for ``brm`` (its tau, a gap of ``D_R^2`` in [0, 1)) also < 1
+#: eta        > 0: the gradient step eta_0. Defaults: ``sgd`` ``gamma / 2`` and ``sgd_psd``
+#:            ``2 gamma`` with the paper rule's ``gamma = 1e-3``, the first-order match of
+#:            OPML's step (``L -> L (I - gamma A)``, i.e. ``M -> M - 2 gamma A`` near
+#:            ``M = I``); ``brm`` 0.3, the best of a grid on seed 003's Table 3 protocol
+#:            (``benchmarks/results/learners.md``)
+#: mu         >= 0: smoothing of the loss (0 = hinge); ``sgd``, ``sgd_psd``
+#: kappa      in (0, 0.5]: the descent cap's fraction (1 would collapse a direction of L)
+#: lam        >= 0 with ``2 eta lam < 1`` (and ``gamma_pair lam < 1`` for ``sgd``): the decay
+#:            factor ``1 - 2 eta lam`` stays positive
+#: ========== ==================================================================================
 ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "opml": {"gamma": 1e-3, "margin": 1.0},
-    "copml": {"gamma": 1e-3, "margin": 1.0},
+    "opml": {"step": "scaled", "margin": 1.0, "auto_warmup": 1000},
+    "copml": {"step": "scaled", "margin": 1.0, "auto_warmup": 1000},
     "sgd": {"step": "descent", "eta": 5e-4, "mu": 0.0, "kappa": 0.5, "lam": 0.0, "margin": 1.0},
     "sgd_psd": {
         "step": "descent",
@@ -96,6 +122,12 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
     "brm": {"step": "descent", "eta": 0.3, "kappa": 0.5, "lam": 0.0, "margin": 0.1},
 }
 GRADIENT_ALGORITHMS = ("sgd", "sgd_psd", "brm")
+#: The ``step`` values each algorithm accepts (the first OPML/COPML, the second the others').
+STEP_VALUES: dict[str, tuple[str, ...]] = {
+    name: steps.STEPS if name in ("opml", "copml") else STEP_RULES for name in ALGORITHM_DEFAULTS
+}
+#: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).
+GRADIENT_GAMMA_PAIR = 1e-2
 
 #: The default of a field whose default depends on the algorithm (``margin``): replaced by
 #: its :data:`ALGORITHM_DEFAULTS` value when the config is made.
@@ -105,7 +137,9 @@ BY_ALGORITHM: Any = None
 _MEASURED = np.zeros(len(OUTCOMES), dtype=bool)
 _MEASURED[[TRIPLET_UPDATE, SHRUNK_UPDATE, PASSIVE, SGD_UPDATE]] = True
 
-STATE_FORMAT = 1
+#: 2: step rules, scale estimate, divergence monitor, race, tracks (format 1: before them;
+#: still read, OPML/COPML then resume with ``step="paper"``, the rule they ran).
+STATE_FORMAT = 2
 
 
 def _quiet() -> np.errstate:
@@ -130,48 +164,67 @@ def _blas() -> ThreadpoolController:
     return ThreadpoolController()
 
 
+#: Largest model dimension the core accepts (``L`` alone is 8 GiB there).
+MAX_DIM = 32768
+
+
 @dataclass(frozen=True)
 class LearnerConfig:
     """Hyperparameters of one model, validated on construction.
 
     ``gamma`` is the OPML/COPML triplet step size (the paper's gamma_2 for COPML),
     ``gamma_pair`` the cold-start pair step size (gamma_1; for ``sgd`` the step ``s`` of the
-    explicit twin). The defaults come from ``benchmarks/results/gamma_grid.md`` (z-scored
-    features): ``gamma = 1e-3`` is the largest step that keeps all ten Table II data sets within
-    the paper's bar (at 3e-3 optdigits, d = 64, already fails), and ``gamma_pair = 1e-2`` gives
-    the best cold start (Table IV) at every gamma tried. ``normalize="l2"`` scales every input
-    (samples and query vectors alike) to unit norm, where the paper's ``gamma < 1/4`` guarantee
-    holds. The gradient learners' ``step``, ``eta``, ``mu``, ``kappa``, ``lam`` and each
-    algorithm's defaults and ranges: :data:`ALGORITHM_DEFAULTS` (``eta = gamma / 2 = 5e-4``
-    makes hinge ``sgd`` OPML's first-order twin, ``eta = 2 gamma`` does it for ``sgd_psd``).
-    A field left at its default takes the algorithm's value; one the algorithm does not use
-    stays ``None``. ``holdout``, ``holdout_window``, ``pac_bayes_prefix`` and
-    ``pac_bayes_window`` configure risk certificates (:mod:`service.core.holdout`).
+    explicit twin), ``margin`` the hinge margin (Eq. 4). ``step`` is one field whose values
+    depend on the algorithm (:data:`STEP_VALUES`). For ``opml`` / ``copml`` it says in which
+    units ``gamma``, ``gamma_pair`` and ``margin`` are read (:mod:`service.core.steps`):
+    ``"scaled"`` (default) in units of the stream's typical squared difference, so the same
+    values work at any input scale and dimension; ``"paper"`` in the input's units, the paper's
+    literal rule. ``None`` means the rule's default: scaled ``gamma = 0.05``,
+    ``gamma_pair = 0.1``; paper ``gamma = 1e-3`` (the largest step that keeps all ten Table II
+    data sets within the paper's bar, ``benchmarks/results/gamma_grid.md``) and
+    ``gamma_pair = 1e-2``. ``gamma="auto"`` (scaled only) races a grid of step sizes during the
+    first ``auto_warmup`` triplets and keeps the winner (:mod:`service.core.race`). For the
+    gradient learners ``step`` is their schedule (``"constant"``, ``"descent"``, ``"invsqrt"``)
+    and ``eta``, ``mu``, ``kappa``, ``lam`` their hyperparameters: :data:`ALGORITHM_DEFAULTS`
+    (``eta = gamma / 2 = 5e-4`` makes hinge ``sgd`` the first-order twin of OPML under the
+    paper's rule, ``eta = 2 gamma`` does it for ``sgd_psd``). A field left at its default takes
+    the algorithm's value; one the algorithm does not use stays ``None``.
+    ``normalize="l2"`` scales every input (samples and query vectors alike) to unit norm.
+    Every value has a documented range; outside it, ``ValueError`` naming the argument.
+    ``holdout``, ``holdout_window``, ``pac_bayes_prefix`` and ``pac_bayes_window`` configure
+    risk certificates (:mod:`service.core.holdout`).
 
-    >>> LearnerConfig(dim=3).algorithm
-    'copml'
-    >>> LearnerConfig(dim=3, gamma=-1)
+    >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
+    ('copml', 'scaled', 0.05)
+    >>> LearnerConfig(dim=3, step="paper").gamma
+    0.001
+    >>> LearnerConfig(dim=3, gamma=1e300)
     Traceback (most recent call last):
     ...
-    ValueError: gamma: must be a finite number > 0, got -1
+    ValueError: gamma: must be in (0, 1], got 1e+300
     >>> c = LearnerConfig(dim=3, algorithm="brm")
-    >>> c.margin, c.step, c.eta, c.gamma
-    (0.1, 'descent', 0.3, None)
+    >>> c.margin, c.step, c.eta, c.gamma, c.auto_warmup
+    (0.1, 'descent', 0.3, None, None)
     >>> LearnerConfig(dim=3, algorithm="sgd", gamma=0.1)
     Traceback (most recent call last):
     ...
     ValueError: gamma: not used by algorithm 'sgd'
+    >>> LearnerConfig(dim=3, algorithm="sgd", step="paper")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: step: must be one of 'constant', 'descent', 'invsqrt' for algorithm 'sgd', ...
     """
 
     dim: int
     algorithm: Algorithm = "copml"
-    gamma: float | None = None
-    gamma_pair: float = 1e-2
+    gamma: float | Literal["auto"] | None = None
+    gamma_pair: float | None = None
     margin: float = BY_ALGORITHM
     normalize: Normalize = "none"
     seed: int = 0
     calibration_window: int = 1000
-    step: StepRule | None = None
+    step: Step | None = None
+    auto_warmup: int | None = None
     eta: float | None = None
     mu: float | None = None
     kappa: float | None = None
@@ -182,41 +235,57 @@ class LearnerConfig:
     pac_bayes_window: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.dim, bool) or not isinstance(self.dim, int | np.integer):
-            raise ValueError(f"dim: must be an integer, got {self.dim!r}")
-        if self.dim < 1:
-            raise ValueError(f"dim: must be >= 1, got {self.dim}")
+        object.__setattr__(self, "dim", check_int(self.dim, "dim", 1, MAX_DIM))
         if self.algorithm not in ALGORITHM_DEFAULTS:
             known = ", ".join(repr(name) for name in ALGORITHM_DEFAULTS)
             raise ValueError(f"algorithm: must be one of {known}, got {self.algorithm!r}")
         if self.normalize not in ("none", "l2"):
             raise ValueError(f"normalize: must be 'none' or 'l2', got {self.normalize!r}")
-        object.__setattr__(self, "dim", int(self.dim))
-        object.__setattr__(self, "gamma_pair", check_positive(self.gamma_pair, "gamma_pair"))
-        self._resolve(ALGORITHM_DEFAULTS[self.algorithm])
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int | np.integer):
-            raise ValueError(f"seed: must be an integer, got {self.seed!r}")
-        if self.seed < 0:
-            raise ValueError(f"seed: must be >= 0, got {self.seed}")
-        object.__setattr__(self, "seed", int(self.seed))
-        if self.calibration_window < 1:
-            raise ValueError(f"calibration_window: must be >= 1, got {self.calibration_window}")
+        defaults = ALGORITHM_DEFAULTS[self.algorithm]
+        if self.step is not None and self.step not in STEP_VALUES[self.algorithm]:
+            allowed = ", ".join(repr(rule) for rule in STEP_VALUES[self.algorithm])
+            where = f"for algorithm {self.algorithm!r}"
+            raise ValueError(f"step: must be one of {allowed} {where}, got {self.step!r}")
+        if self.algorithm in GRADIENT_ALGORITHMS:
+            self._resolve(defaults)
+        else:
+            self._resolve_opml(defaults)
+        object.__setattr__(self, "seed", check_int(self.seed, "seed", 0, 2**128 - 1))
+        window = check_int(self.calibration_window, "calibration_window", 1, 1_000_000)
+        object.__setattr__(self, "calibration_window", window)
         names = ("holdout", "holdout_window", "pac_bayes_prefix", "pac_bayes_window")
         checked = check_holdout_config(*(getattr(self, name) for name in names))
         for name, value in zip(names, checked, strict=True):
             object.__setattr__(self, name, value)
 
-    def _resolve(self, defaults: dict[str, Any]) -> None:
-        """Fill the algorithm's defaults, refuse fields it does not use, check the ranges."""
-        algorithm = self.algorithm
-        step = defaults.get("step") if self.step is None else self.step
-        if "step" not in defaults:
-            if self.step is not None:
-                raise ValueError(f"step: not used by algorithm {algorithm!r}")
-        elif step not in STEP_RULES:
-            names = ", ".join(repr(rule) for rule in STEP_RULES)
-            raise ValueError(f"step: must be one of {names}, got {step!r}")
+    def _refuse(self, names: tuple[str, ...], where: str) -> None:
+        for name in names:
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name}: not used by {where}")
+
+    def _resolve_opml(self, defaults: dict[str, Any]) -> None:
+        """OPML / COPML: the step rule's units, defaults and ranges (:mod:`service.core.steps`)."""
+        self._refuse(("eta", "mu", "kappa", "lam"), f"algorithm {self.algorithm!r}")
+        margin = defaults["margin"] if self.margin is BY_ALGORITHM else self.margin
+        step, gamma, gamma_pair, margin = steps.resolve(
+            self.step, self.gamma, self.gamma_pair, margin
+        )
         object.__setattr__(self, "step", step)
+        object.__setattr__(self, "gamma", gamma)
+        object.__setattr__(self, "gamma_pair", gamma_pair)
+        object.__setattr__(self, "margin", margin)
+        warmup = defaults["auto_warmup"] if self.auto_warmup is None else self.auto_warmup
+        object.__setattr__(self, "auto_warmup", check_int(warmup, "auto_warmup", 10, 100_000))
+
+    def _resolve(self, defaults: dict[str, Any]) -> None:
+        """The gradient learners: fill the algorithm's defaults, refuse fields it does not use,
+        check the ranges."""
+        algorithm = self.algorithm
+        self._refuse(("auto_warmup",), f"algorithm {algorithm!r} (no gamma='auto')")
+        step = defaults["step"] if self.step is None else self.step
+        object.__setattr__(self, "step", step)
+        pair = GRADIENT_GAMMA_PAIR if self.gamma_pair is None else self.gamma_pair
+        object.__setattr__(self, "gamma_pair", check_positive(pair, "gamma_pair"))
         for name in ("gamma", "eta", "mu", "kappa", "lam"):
             value = getattr(self, name)
             if name not in defaults or (name == "kappa" and step != "descent"):
@@ -225,7 +294,7 @@ class LearnerConfig:
                     raise ValueError(f"{name}: not used by {where}")
                 continue
             value = defaults[name] if value is None else value
-            check = check_positive if name in ("gamma", "eta", "kappa") else check_nonnegative
+            check = check_positive if name in ("eta", "kappa") else check_nonnegative
             object.__setattr__(self, name, check(value, name))
         margin = defaults["margin"] if self.margin is BY_ALGORITHM else self.margin
         margin = check_positive(margin, "margin")
@@ -236,7 +305,7 @@ class LearnerConfig:
             raise ValueError(f"kappa: must be in (0, 0.5], got {self.kappa!r}")
         if self.lam and self.eta is not None and 2.0 * self.eta * self.lam >= 1.0:
             raise ValueError(f"lam: must satisfy 2 eta lam < 1, got lam = {self.lam!r}")
-        if self.lam and algorithm == "sgd" and self.gamma_pair * self.lam >= 1.0:
+        if self.lam and algorithm == "sgd" and cast(float, self.gamma_pair) * self.lam >= 1.0:
             raise ValueError(f"lam: must satisfy gamma_pair lam < 1, got lam = {self.lam!r}")
 
 
@@ -279,25 +348,29 @@ def _normalized_minus(X: Array, how: Normalize, A: Array, out: Array) -> Array:
 
 
 def _tracker(config: LearnerConfig) -> StabilityTracker:
-    """The step-mass accounting of ``config``'s algorithm (nominal steps, see its module)."""
+    """The step-mass accounting of ``config``'s algorithm (nominal steps, see its module).
+
+    OPML / COPML: ``gamma`` and ``gamma_pair`` in their step rule's units (the learner sets
+    the triplet step to the served track's ``gamma`` before each batch: the race's winner
+    after a ``gamma="auto"`` race)."""
     if config.algorithm in GRADIENT_ALGORITHMS:
         assert config.eta is not None and config.step is not None  # set by LearnerConfig
         return StabilityTracker(
             eta_triplet=config.eta,
-            eta_pair=0.5 * config.gamma_pair,  # sgd's pair step s = 2 eta
+            eta_pair=0.5 * cast(float, config.gamma_pair),  # sgd's pair step s = 2 eta
             rule=STEP_RULES.index(config.step),
             mu=config.mu,
             lam=config.lam or 0.0,
             convex=config.algorithm == "sgd_psd",
         )
-    assert config.gamma is not None
-    return StabilityTracker(config.gamma, config.gamma_pair, CONSTANT, mu=None, lam=0.0)
+    gamma = DEFAULT_GAMMA if config.gamma == steps.AUTO else cast(float, config.gamma)
+    return StabilityTracker(gamma, cast(float, config.gamma_pair), CONSTANT, mu=None, lam=0.0)
 
 
 class Learner:
     """Online metric learning one sample at a time, with the queries of the live metric.
 
-    >>> learner = Learner(LearnerConfig(dim=4, gamma=0.05, margin=2.0, seed=1))
+    >>> learner = Learner(LearnerConfig(dim=4, margin=4.0, seed=1))
     >>> learner.learn_one([0.0, 0.0, 0.0, 1.0], "a").outcome
     'new_class'
     >>> learner.learn_one([0.0, 0.0, 0.1, 1.0], "a").outcome   # COPML cold start
@@ -311,16 +384,25 @@ class Learner:
     (4, ['a', 'b'])
     >>> round(learner.squared_distance([0, 0, 0, 1], [0, 0, 0, 1]), 6)
     0.0
+    >>> learner.health["state"], learner.race is None
+    ('ok', True)
+    >>> Learner(LearnerConfig(dim=4, algorithm="sgd")).health is None
+    True
+
+    The learner's own view of its run (JSON-safe dicts, for the model document, ``/events`` and
+    metrics): :attr:`health` (divergence monitor, :mod:`service.core.health`), :attr:`race`
+    (``gamma="auto"``, :mod:`service.core.race`) and :attr:`effective` (the step sizes and
+    margin in input units, as the next step will use them); all three ``None`` for the
+    gradient learners, which have their own step machinery (:mod:`service.core.gradient`).
     """
 
     def __init__(self, config: LearnerConfig) -> None:
         self.config = config
         d = config.dim
-        self._L: Array = np.eye(d)
-        self._bound = 1.0  # an upper bound of max |L_ij| (see service.core.update)
-        # The served L is scale * _L: the lazy decay of the gradient learners (sgd, brm).
+        # The gradient learners keep their lazy decay outside L: the served L is
+        # scale * tracks.L for them (1 for OPML/COPML and without decay).
         self._scale = 1.0
-        self._served: Array | None = None  # scale * _L when scale != 1 (see _metric)
+        self._served: Array | None = None  # scale * tracks.L when scale != 1 (see _metric)
         self._R: Array | None = None  # triangular factor of L for one-to-many (see _factor)
         self._canonical: Array | None = None  # L of the restricted distance (see brm)
         self._buffer: Array = np.empty((4, d))
@@ -329,7 +411,19 @@ class Learner:
         self._rng = np.random.default_rng(config.seed)
         self._stats = _Stats()
         self._stability = _tracker(config)
-        self.calibrator = ThresholdCalibrator(config.calibration_window)
+        # Running scale [S, n] of step="scaled" (service.core.update), kept in every OPML mode.
+        self._stream: Array = np.zeros(2)
+        self._gradient = config.algorithm in GRADIENT_ALGORITHMS
+        auto = config.gamma == steps.AUTO
+        if self._gradient:
+            # One track: L, its entry bound (state[0, BOUND]) and its calibrator; the track's
+            # step size is informative only (the gradient kernels read the config).
+            gamma = cast(float, config.eta)
+        else:
+            gamma = DEFAULT_GAMMA if auto else cast(float, config.gamma)
+        self._tracks = Tracks(np.eye(d), [gamma], config.calibration_window)
+        # The race copies L at the first learned sample (a PUT before it is raced from).
+        self._race = Race(cast(int, config.auto_warmup)) if auto else None
         #: Held-out routing, the certification reservoir, the PAC-Bayes prior and window.
         self.holdout = Holdout(config, functools.partial(normalize_rows, how=config.normalize))
 
@@ -343,16 +437,86 @@ class Learner:
         return view
 
     def _metric(self) -> Array:
-        """The served ``L``: ``_L`` itself, or ``scale * _L`` (computed once per change)."""
+        """The served ``L``: the served track's, or ``scale`` times it (once per change)."""
         if self._scale == 1.0:
-            return self._L
+            return self._tracks.L
         if self._served is None:
-            self._served = self._scale * self._L
+            self._served = self._scale * self._tracks.L
         return self._served
 
     def _changed(self) -> None:
         """``L`` changed: drop what was derived from it."""
         self._served = self._R = self._canonical = None
+
+    @property
+    def calibrator(self) -> ThresholdCalibrator:
+        """The verification threshold calibrator of the served metric."""
+        return self._tracks.calibrator
+
+    @property
+    def health(self) -> dict[str, Any] | None:
+        """OPML / COPML: the divergence monitor of the served metric: ``state`` (``"ok"``,
+        ``"diverging"``, ``"stabilised"``), ``shrunk_rate``, ``growth`` / ``growth_rate``
+        (log10 of the growth of ``||L||_F`` since the start / over the last window),
+        ``frobenius_norm``, ``times_tripped``, ``step_scale`` (the factor the trips left on the
+        step sizes) and ``updates``. See :mod:`service.core.health` for the policy. ``None``
+        for the gradient learners: their kernels do not track ``||L||_F`` (the ``descent``
+        cap bounds their steps instead)."""
+        return None if self._gradient else self._tracks.health()
+
+    @property
+    def race(self) -> dict[str, Any] | None:
+        """``gamma="auto"``: the race's ``state`` (``"racing"`` / ``"done"``), ``grid``,
+        ``warmup``, progress, ``serving`` / ``winner`` step size, each rung's scores
+        (``rounds``) and the live candidates with their health; None otherwise."""
+        if self._race is None:
+            return None
+        return self._race.report(self._tracks if self._race.started else None)
+
+    @property
+    def effective(self) -> dict[str, float | None] | None:
+        """OPML / COPML: the served metric's step sizes and margin in input units, as the next
+        step would use them (``gamma_t``, ``gamma_pair_t``, ``margin_t`` of
+        :mod:`service.core.update`, with the divergence monitor's ``step_scale`` applied), and
+        ``scale``, the running mean squared difference ``S`` (None before the first
+        difference; the scaled figures are None then too). ``margin`` is what the hinge
+        (Eq. 4) and a fallback verification threshold are in squared-distance units. ``None``
+        for the gradient learners (their config is in input units already)."""
+        if self._gradient:
+            return None
+        cfg, tracks = self.config, self._tracks
+        scale = float(self._stream[0]) if self._stream[1] > 0 else None
+        cut = float(tracks.state[tracks.served, STEP_SCALE])
+        gamma = float(tracks.gammas[tracks.served]) * cut
+        pair = cast(float, cfg.gamma_pair) * cut
+        if cfg.step == "paper":
+            return {"scale": scale, "gamma": gamma, "gamma_pair": pair, "margin": cfg.margin}
+        if not scale:
+            return {"scale": scale, "gamma": None, "gamma_pair": None, "margin": None}
+        return {
+            "scale": scale,
+            "gamma": gamma / scale,
+            "gamma_pair": pair / scale,
+            "margin": cfg.margin * scale,
+        }
+
+    @property
+    def margin(self) -> float:
+        """The hinge margin (Eq. 4) in squared-distance units of the input (for ``brm``: of
+        ``D_R^2``): what the ``fallback:margin`` verification threshold is. ``config.margin``
+        under ``step="paper"``, for the gradient learners, and under ``step="scaled"`` before
+        the stream formed a difference (no scale known yet); else ``effective["margin"]``.
+
+        >>> learner = Learner(LearnerConfig(dim=2, margin=2.0))
+        >>> learner.margin
+        2.0
+        >>> _ = learner.learn_many([[0.0, 0.0], [3.0, 4.0]], ["a", "a"])  # |a|^2 = 25
+        >>> learner.margin
+        50.0
+        """
+        effective = self.effective
+        margin = None if effective is None else effective["margin"]
+        return self.config.margin if margin is None else margin
 
     @property
     def dim(self) -> int:
@@ -442,27 +606,29 @@ class Learner:
         # does the same arithmetic for OPML/COPML; the others take these rows).
         negatives = (uniforms * np.maximum(known - 1, 0)).astype(np.int64)
         negatives += negatives >= slots
-        codes = np.empty(n, dtype=np.int64)
-        values = np.empty((n, 4))
         fro2 = np.full(n, np.nan)  # ||A_t||_F^2 of the gradient learners' steps
-        if n == 1 and self.dim < _THREADED_DIM and self.config.algorithm != "sgd_psd":
-            self._run(rows, slots, known, uniforms, negatives, codes, values, fro2)
-        else:
-            # The step is memory-bound with an inner dimension of 2: one BLAS thread is as
-            # fast on an idle machine and several times faster on a busy one. (sgd_psd's
-            # eigendecompositions always run on one: the same rounding in learn_one.)
-            with _blas().limit(limits=1, user_api="blas"):
-                self._run(rows, slots, known, uniforms, negatives, codes, values, fro2)
-        self._stability.observe(rows, slots, known, negatives, codes, fro2, self._trained())
+        race = self._race
+        if race is not None and not race.started:
+            race.start(self._tracks)
+        racing = race is not None and not race.done
+        pinned = n > 1 or self.dim >= _THREADED_DIM or racing or self.config.algorithm == "sgd_psd"
+        # The step is memory-bound with an inner dimension of 2: one BLAS thread is as fast
+        # on an idle machine and several times faster on a busy one. (sgd_psd's
+        # eigendecompositions always run on one: the same rounding in learn_one.)
+        with _blas().limit(limits=1, user_api="blas") if pinned else contextlib.nullcontext():
+            if self._gradient:
+                codes, values = self._run_gradient(rows, slots, known, negatives, fro2)
+            elif race is None or not racing:
+                all_codes, all_values = self._run_tracks(
+                    rows, slots, known, uniforms, negatives, fro2
+                )
+                codes, values = all_codes[:, 0], all_values[:, 0]
+            else:
+                codes, values = self._race_segments(race, rows, slots, known, uniforms, negatives)
         self._stats.samples_seen += n
-        if n == 1:  # learn_one: spare it the array bookkeeping below
-            code = int(codes[0])
-            self._stats.outcomes[code] += 1
-            if _MEASURED[code]:
-                self.calibrator.observe(float(values[0, 1]), float(values[0, 2]))
+        if n == 1:
+            self._stats.outcomes[int(codes[0])] += 1
         else:
-            measured = _MEASURED[codes]
-            self.calibrator.observe_many(values[measured, 1], values[measured, 2])
             self._stats.outcomes += np.bincount(codes, minlength=len(OUTCOMES))
         return StepResults(codes, values)
 
@@ -472,41 +638,88 @@ class Learner:
         ``learn_one`` and ``learn_many`` agree however held-out rows are interleaved."""
         return self._stats.samples_seen - int(self._stats.outcomes[HELD_OUT])
 
-    def _run(
+    def _run_tracks(
         self,
         rows: Array,
         slots: Any,
         known: Any,
         uniforms: Array,
         negatives: Any,
-        codes: Any,
-        values: Array,
         fro2: Array,
-    ) -> None:
-        """One batch through its algorithm's compiled loop."""
-        cfg = self.config
-        if cfg.algorithm not in GRADIENT_ALGORITHMS:
-            self._bound = learn_batch(
-                self._L,
-                self._buffer,
-                rows,
-                slots,
-                known,
-                uniforms,
-                cfg.algorithm == "copml",
-                cfg.gamma,
-                cfg.gamma_pair,
-                cfg.margin,
-                self._bound,
-                codes,
-                values,
+        t0: int = 0,
+    ) -> tuple[Any, Array]:
+        """OPML / COPML: a batch (or a race segment starting ``t0`` rows into it) through
+        every track; the step masses at the served track's step size. Returns every track's
+        ``codes`` ``(n, k)`` and ``values`` ``(n, k, 4)``."""
+        cfg, tracks = self.config, self._tracks
+        self._stability.eta_triplet = float(tracks.gammas[tracks.served])
+        all_codes, all_values = tracks.learn(
+            self._buffer,
+            rows,
+            slots,
+            known,
+            uniforms,
+            cfg.algorithm == "copml",
+            cfg.step == "scaled",
+            cast(float, cfg.gamma_pair),
+            float(cfg.margin),
+            self._stream,
+        )
+        served = all_codes[:, tracks.served]
+        self._stability.observe(rows, slots, known, negatives, served, fro2, self._trained() + t0)
+        return all_codes, all_values
+
+    def _race_segments(
+        self,
+        race: Race,
+        rows: Array,
+        slots: Any,
+        known: Any,
+        uniforms: Array,
+        negatives: Any,
+    ) -> tuple[Any, Array]:
+        """Learn a batch during a race: cut where a rung ends (at a fixed triplet count, so
+        any batching gives the same state); each segment's results are its served track's."""
+        n = len(rows)
+        forms = (slots != known) & (known >= 2)  # the samples that form a triplet
+        codes = np.empty(n, dtype=np.int64)
+        values = np.empty((n, 4))
+        fro2 = np.full(n, np.nan)
+        start = 0
+        for end in race.cuts(forms):
+            part = slice(start, end)
+            served = self._tracks.served
+            seg_codes, seg_values = self._run_tracks(
+                rows[part],
+                slots[part],
+                known[part],
+                uniforms[part],
+                negatives[part],
+                fro2[part],
+                start,
             )
-            return
+            codes[part] = seg_codes[:, served]
+            values[part] = seg_values[:, served]
+            race.record(self._tracks, forms[part], seg_values)
+            start = end
+        return codes, values
+
+    def _run_gradient(
+        self, rows: Array, slots: Any, known: Any, negatives: Any, fro2: Array
+    ) -> tuple[Any, Array]:
+        """``sgd``, ``sgd_psd``, ``brm``: one batch through their compiled loop, on the one
+        track's ``L`` (the stored factor) and entry bound; the calibrator takes the measured
+        steps."""
+        cfg = self.config
         assert cfg.step is not None  # set by LearnerConfig
-        state = np.array([self._scale, self._bound])
+        n = len(rows)
+        codes = np.empty(n, dtype=np.int64)
+        values = np.empty((n, 4))
+        tracks = self._tracks
+        state = np.array([self._scale, tracks.state[0, BOUND]])
         learn_batch_gradient(
             KINDS[cfg.algorithm],
-            self._L,
+            tracks.L,
             self._buffer,
             rows,
             slots,
@@ -525,7 +738,18 @@ class Learner:
             values,
             fro2,
         )
-        self._scale, self._bound = float(state[0]), float(state[1])
+        self._scale, tracks.state[0, BOUND] = float(state[0]), float(state[1])
+        self._stability.observe(rows, slots, known, negatives, codes, fro2, self._trained())
+        if n == 1:  # learn_one: spare it the array bookkeeping below
+            code = int(codes[0])
+            tracks.counts[0, code] += 1
+            if _MEASURED[code]:
+                self.calibrator.observe(float(values[0, 1]), float(values[0, 2]))
+        else:
+            measured = _MEASURED[codes]
+            self.calibrator.observe_many(values[measured, 1], values[measured, 2])
+            tracks.counts[0] += np.bincount(codes, minlength=len(OUTCOMES))
+        return codes, values
 
     def _reserve(self, rows: int) -> None:
         """Grow the buffer H (doubling) to hold ``rows`` classes."""
@@ -543,8 +767,7 @@ class Learner:
 
     def set_metric(self, L: Any) -> None:
         """Replace ``L`` (warm start from a matrix learned elsewhere); the rest is kept."""
-        self._L = np.array(check_metric(L, self.dim, "L"), dtype=np.float64, order="C")
-        self._bound = float(np.abs(self._L).max())
+        self._tracks.set_metric(check_metric(L, self.dim, "L"))
         self._scale = 1.0
         self._changed()
 
@@ -552,18 +775,13 @@ class Learner:
         self, delta: float = 0.05, method: Method = "binomial", threshold: float | None = None
     ) -> Certificate:
         """Bounds on the triplet error, false accept and false reject rates of the current
-        metric at ``threshold`` (default: the served one), holding together with probability
-        ``>= 1 - delta`` (see :mod:`service.core.certificates`)."""
-        if self.config.algorithm == "brm":
-            # The certificates count errors of ||L(a - b)||^2; a brm model decides on D_R^2,
-            # which is not a function of it (service.core.brm): a bound on the other
-            # distance would be no bound on what the model serves.
-            raise ValueError(
-                "algorithm: certificates are not available for 'brm' (they bound decisions "
-                "on ||L(a - b)||^2, a brm model decides on the restricted distance)"
-            )
-        cal = self.calibrator.calibration()
-        return self.holdout.certificate(self._metric(), cal, delta, method, threshold, self.version)
+        metric at ``threshold`` (default: the served one, whose margin fallback is
+        :attr:`margin`), holding together with probability ``>= 1 - delta`` (see
+        :mod:`service.core.certificates`)."""
+        cal = self.calibrator.calibration()  # (brm: refused by the holdout, as on the wire)
+        return self.holdout.certificate(
+            self._metric(), cal, delta, method, threshold, self.version, margin=self.margin
+        )
 
     # -- queries on the current metric (Eqs. 1, 2) -----------------------------------------
 
@@ -702,16 +920,16 @@ class Learner:
     def to_state(self) -> tuple[dict[str, Array], dict[str, Any]]:
         """Arrays and JSON-safe metadata holding everything needed to resume exactly.
 
-        ``arrays["L"]`` is the stored factor: the served ``L`` is ``meta["scale"]`` times it
-        (the lazy decay of ``sgd`` / ``brm``; 1 for every other algorithm and without decay).
+        Arrays: ``L`` (the served track's; for ``sgd`` / ``brm`` the stored factor: the served
+        ``L`` is ``meta["scale"]`` times it, their lazy decay, 1 for every other algorithm and
+        without decay), ``buffer`` (H, one row per class) and ``calibration`` (its threshold
+        window); while a ``gamma="auto"`` race runs, also ``tracks_L`` and
+        ``tracks_calibration`` (every candidate's) and ``race_pairs`` (the current rung's
+        measurements). A store must keep every array it is given.
         """
         rng = self._rng.bit_generator.state
-        pairs, cal_meta = self.calibrator.to_state()
-        arrays = {
-            "L": self._L.copy(),
-            "buffer": self._buffer[: len(self._classes)].copy(),
-            "calibration": pairs,
-        }
+        track_arrays, track_meta = self._tracks.to_state()
+        arrays = {"buffer": self._buffer[: len(self._classes)].copy(), **track_arrays}
         meta: dict[str, Any] = {
             "format": STATE_FORMAT,
             "config": asdict(self.config),
@@ -725,22 +943,55 @@ class Learner:
             },
             "samples_seen": self._stats.samples_seen,
             "outcomes": {k: v for k, v in self.counts.items() if v},
-            "calibration": cal_meta,
             "scale": self._scale,
             "stability": self._stability.to_state(len(self._classes)),
+            "stream": self._stream.tolist(),  # floats survive JSON exactly (repr round-trips)
+            "tracks": track_meta,
+            "race": None,
         }
+        if self._race is not None:
+            pairs, meta["race"] = self._race.to_state()
+            if not self._race.done:
+                arrays["race_pairs"] = pairs
         held_arrays, meta["holdout"] = self.holdout.to_state()
         arrays.update(held_arrays)
         return arrays, meta
 
     @classmethod
     def from_state(cls, arrays: dict[str, Array], meta: dict[str, Any]) -> Learner:
-        """Rebuild a learner from :meth:`to_state` output; ValueError if it is inconsistent."""
-        if meta.get("format") != STATE_FORMAT:
-            raise ValueError(f"state: unsupported format {meta.get('format')!r}")
-        learner = cls(LearnerConfig(**meta["config"]))
+        """Rebuild a learner from :meth:`to_state` output; ValueError if it is inconsistent.
+
+        Format 1 (before step rules existed) resumes OPML / COPML as ``step="paper"``, the
+        rule it ran (the gradient learners keep their own ``step``).
+        """
+        fmt = meta.get("format")
+        if fmt not in (1, STATE_FORMAT):
+            raise ValueError(f"state: unsupported format {fmt!r}")
+        config = dict(meta["config"])
+        if fmt == 1:
+            config = legacy_config(config)
+        learner = cls(LearnerConfig(**config))
         d = learner.dim
-        learner.set_metric(arrays["L"])
+        L = np.array(check_metric(arrays["L"], d, "L"), dtype=np.float64, order="C")
+        if fmt == 1:
+            learner.set_metric(L)
+            learner._tracks.calibrators = [
+                ThresholdCalibrator.from_state(arrays["calibration"], meta["calibration"])
+            ]
+        else:
+            learner._tracks = Tracks.from_state(arrays, meta["tracks"], L, d)
+            stream = np.array(meta["stream"], dtype=np.float64)
+            if stream.shape != (2,) or not np.isfinite(stream).all() or (stream < 0).any():
+                raise ValueError("state: stream scale is not two finite numbers >= 0")
+            learner._stream = stream
+            if (meta["race"] is None) != (learner._race is None):
+                raise ValueError("state: race state does not match gamma")
+            if meta["race"] is not None:
+                pairs = arrays.get("race_pairs", np.empty((0, 0, 2)))
+                learner._race = Race.from_state(pairs, meta["race"])
+                race = learner._race
+                if race.started and not race.done and len(race.alive) != len(learner._tracks):
+                    raise ValueError("state: race candidates and tracks do not match")
         classes = [str(k) for k in meta["classes"]]
         buffer = check_matrix(np.asarray(arrays["buffer"]).reshape(-1, d), d, "buffer")
         if len(buffer) != len(classes) or len(set(classes)) != len(classes):
@@ -759,11 +1010,26 @@ class Learner:
             learner._stats.outcomes[OUTCOMES.index(name)] = int(count)
         learner._scale = check_positive(meta.get("scale", 1.0), "scale")
         learner._stability.restore(meta.get("stability"), len(classes))
-        learner.calibrator = ThresholdCalibrator.from_state(
-            arrays["calibration"], meta["calibration"]
-        )
         learner.holdout.restore(arrays, meta.get("holdout"), learner._stats.samples_seen)
         return learner
+
+
+def legacy_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A config stored before step rules existed, as :class:`LearnerConfig` reads it now:
+    OPML / COPML ran the paper's rule (``step`` absent or ``None``), so they keep it; the
+    gradient learners' ``step`` is theirs already.
+
+    >>> legacy_config({"dim": 2, "algorithm": "opml", "gamma": 0.001, "step": None})["step"]
+    'paper'
+    >>> legacy_config({"dim": 2})["step"]
+    'paper'
+    >>> legacy_config({"dim": 2, "algorithm": "sgd", "step": "invsqrt"})["step"]
+    'invsqrt'
+    """
+    out = dict(config)
+    if out.get("algorithm", "copml") not in GRADIENT_ALGORITHMS and out.get("step") is None:
+        out["step"] = "paper"
+    return out
 
 
 def warm_up() -> None:

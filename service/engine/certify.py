@@ -48,6 +48,7 @@ async def certify(
         method,
         threshold,
         snap.version,
+        margin=snap.margin,  # the served fallback threshold, in input units (as verify's)
     )
     try:
         return await asyncio.get_running_loop().run_in_executor(_THREADS, compute)

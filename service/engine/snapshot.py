@@ -40,8 +40,14 @@ class Snapshot:
 
     ``metric`` is a private :class:`Learner` holding only a copy of ``L``; the queries call its
     methods, so their arithmetic is the core's own. ``frobenius_norm`` (``||L||_F``, O(d^2) on
-    that copy) and ``hinge_loss`` (mean hinge of the calibration window) are for telemetry.
-    ``stability``: the learner's step-mass diagnostics (not a bound).
+    that copy) and ``hinge_loss`` (mean hinge of the calibration window, at the current margin
+    in input units) are for telemetry. ``margin`` is the learner's margin in input units (the
+    ``fallback:margin`` threshold; under ``step="scaled"`` it follows the stream's scale, so
+    ``metric``, which learns nothing, cannot know it). ``health``, ``race`` and ``effective``
+    are the learner's own reports (divergence monitor, ``gamma="auto"`` race, step sizes in
+    input units; :class:`~service.core.Learner`; ``None`` for the gradient learners, which
+    have their own step machinery), JSON-safe, made once per snapshot. ``stability``: the
+    learner's step-mass diagnostics (not a bound).
 
     ``metric`` and ``calibration`` are made when first read, from the copies of ``L`` and of the
     calibration window taken here: the writer publishes a snapshot after every batch, and with
@@ -62,6 +68,10 @@ class Snapshot:
     frobenius_norm: float
     hinge_loss: float | None
     stability: Stability
+    margin: float
+    health: dict[str, Any] | None
+    race: dict[str, Any] | None
+    effective: dict[str, float | None] | None
     config: LearnerConfig
     L: Array = field(repr=False)
     window: Array = field(repr=False)
@@ -72,7 +82,8 @@ class Snapshot:
         """A snapshot of ``learner`` as of log position ``applied`` (copies ``L``)."""
         L = learner.L.copy()
         window, meta = learner.calibrator.to_state()
-        hinge = np.maximum(learner.config.margin + window[:, 0] - window[:, 1], 0.0)  # Eq. 4
+        margin = learner.margin
+        hinge = np.maximum(margin + window[:, 0] - window[:, 1], 0.0)  # Eq. 4
         return cls(
             version=learner.version,
             applied=applied,
@@ -82,6 +93,10 @@ class Snapshot:
             frobenius_norm=float(np.linalg.norm(L)),
             hinge_loss=float(hinge.mean()) if len(hinge) else None,
             stability=learner.stability(),
+            margin=margin,
+            health=learner.health,
+            race=learner.race,
+            effective=learner.effective,
             config=learner.config,
             L=L,
             window=window,

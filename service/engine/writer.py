@@ -135,6 +135,7 @@ class Writer:
         self.latest_certificate: Certificate | None = None
         self._certified_version = 0  # version of the latest periodic certificate attempt
         self._certifying: asyncio.Task[None] | None = None
+        self._certificate_again = False  # a certificate fell due while one was computing
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -313,9 +314,12 @@ class Writer:
         every = self.settings.certificate_every
         if not every or version // every <= self._certified_version // every:
             return
-        if self._certifying is not None and not self._certifying.done():
-            return  # still computing the previous one: the next batch tries again
         if self.learner.config.holdout == 0.0 and not self.learner.holdout.reservoir.total:
+            return
+        if self._certifying is not None and not self._certifying.done():
+            # Still computing the previous one: it certifies again when done. (Leaving it to
+            # the next batch lost the last due certificate of a stream that then paused.)
+            self._certificate_again = True
             return
         self._certified_version = version
         self._certifying = asyncio.create_task(
@@ -323,13 +327,18 @@ class Writer:
         )
 
     async def _refresh_certificate(self) -> None:
-        try:
-            delta = self.settings.certificate_delta
-            self.latest_certificate = await self.certificate(delta, "binomial", None)
-        except NotCertifiable as exc:  # too few held-out samples yet: no gauges until then
-            log.debug("%s: no certificate yet (%s)", self.name, exc.detail)
-        except Exception:
-            log.exception("%s: periodic certificate failed", self.name)
+        while True:
+            self._certificate_again = False
+            try:
+                delta = self.settings.certificate_delta
+                self.latest_certificate = await self.certificate(delta, "binomial", None)
+            except NotCertifiable as exc:  # too few held-out samples yet: no gauges until then
+                log.debug("%s: no certificate yet (%s)", self.name, exc.detail)
+            except Exception:
+                log.exception("%s: periodic certificate failed", self.name)
+            if not self._certificate_again:
+                return
+            self._certified_version = self.board.current.version
 
     def _publish(self, snapshot: Snapshot) -> None:
         self.logged_seq = max(self.logged_seq, snapshot.version)

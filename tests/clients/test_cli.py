@@ -50,6 +50,22 @@ def test_models_commands_and_their_exit_codes(service: ServiceProcess, name: str
     assert opml(service, "models", "create", "Bad Name!", "--dim", "3").returncode == 5
 
 
+def test_models_create_with_step_rules_and_gamma_auto(service: ServiceProcess, name: str) -> None:
+    paper = ok_json(service, "models", "create", f"{name}-p", "--dim", "3", "--step", "paper")
+    assert (paper["step"], paper["race"], paper["health"]["state"]) == ("paper", None, "ok")
+    auto = ok_json(
+        service, "models", "create", name, "--dim", "3", "--gamma", "auto", "--auto-warmup", "50"
+    )
+    assert (auto["step"], auto["gamma"], auto["auto_warmup"]) == ("scaled", "auto", 50)
+    shown = opml(service, "models", "show", name)
+    assert shown.returncode == 0 and "race: state=racing" in shown.stdout
+    assert "health: state=ok" in shown.stdout
+    out_of_range = opml(service, "models", "create", f"{name}-x", "--dim", "3", "--gamma", "2")
+    assert out_of_range.returncode == 5 and "gamma" in out_of_range.stderr
+    usage = opml(service, "models", "create", f"{name}-x", "--dim", "3", "--gamma", "fast")
+    assert usage.returncode == 2 and "a number or auto" in usage.stderr
+
+
 def test_ingest_csv_by_header_name_then_rerun_logs_nothing(
     service: ServiceProcess, client: OPMLClient, name: str, tmp_path: Path
 ) -> None:

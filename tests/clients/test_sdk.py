@@ -535,3 +535,32 @@ def test_a_hyperparameter_the_algorithm_does_not_use_is_refused(
     assert bad.value.errors[0]["loc"] == ["body", "mu"]
     with pytest.raises(NotFound):
         client.get_model(name)
+
+
+def test_step_rules_gamma_auto_and_their_race(client: OPMLClient, name: str) -> None:
+    paper = client.create_model(f"{name}-p", 3, step="paper", gamma=0.002)
+    assert (paper.step, paper.gamma, paper.race) == ("paper", 0.002, None)
+    assert paper.health is not None and paper.health["state"] == "ok"
+    with pytest.raises(InvalidInput) as bad:
+        client.create_model(f"{name}-x", 3, gamma=2.0)  # the scaled rule's gamma is in (0, 1]
+    assert bad.value.errors[0]["loc"] == ["body", "gamma"]
+    with pytest.raises(InvalidInput) as bad:  # one step field: its values by algorithm
+        client.create_model(f"{name}-y", 3, algorithm="sgd", step="scaled")
+    assert bad.value.errors[0]["loc"] == ["body", "step"]
+    sgd = client.create_model(f"{name}-s", 3, algorithm="sgd")
+    assert (sgd.step, sgd.gamma, sgd.health, sgd.race) == ("descent", None, None, None)
+    X, y = stream(400, 3, 4, seed=6)
+    config = {"gamma": "auto", "auto_warmup": 100, "seed": 2}
+    auto = client.create_model(name, 3, gamma="auto", auto_warmup=100, seed=2)
+    assert (auto.step, auto.gamma) == ("scaled", "auto")
+    client.ingest(name, X, y)
+    L = client.metric(name, min_version=400)
+    model = client.get_model(name)
+    reference = core_learner(X, y, dim=3, **config)
+    assert model.race is not None and reference.race is not None
+    assert model.race["winner"] == reference.race["winner"]
+    np.testing.assert_array_equal(L, reference.L)
+    # offline, the estimator continues with the step size the race kept
+    estimator = client.to_sklearn(name)
+    assert (estimator.step, estimator.gamma) == ("scaled", model.race["winner"])
+    np.testing.assert_array_equal(estimator.components_, L)

@@ -99,8 +99,16 @@ def test_hyperparameters_reach_the_learner() -> None:
     )
     assert m.learner_.config.algorithm == "copml"
     assert OPML().fit(X, y).learner_.config.algorithm == "opml"
-    with pytest.raises(ValueError, match="gamma: must be a finite number > 0"):
+    assert OPML().fit(X, y).learner_.config.step == "scaled"
+    assert OPML(step="paper").fit(X, y).learner_.config.gamma == 1e-3
+    with pytest.raises(ValueError, match=r"gamma: must be in \(0, 1\]"):
         OPML(gamma=-1.0).fit(X, y)
+    with pytest.raises(ValueError, match=r"gamma: must be in \(0, 1e\+06\]"):
+        COPML(gamma=1e300, step="paper").fit(X, y)
+    with pytest.raises(ValueError, match="step: must be one of"):
+        COPML(step="literal").fit(X, y)
+    with pytest.raises(ValueError, match="dim: must be in"):
+        OPML().fit(np.zeros((3, 40000)), [0, 1, 0])
     sgd = SGD(eta=0.01, mu=0.2, step="invsqrt", lam=0.1, gamma_pair=0.3, margin=2.0).fit(X, y)
     c = sgd.learner_.config
     assert (c.algorithm, c.eta, c.mu, c.step, c.kappa, c.lam, c.gamma_pair, c.margin) == (
@@ -114,6 +122,11 @@ def test_hyperparameters_reach_the_learner() -> None:
         SGD(step="constant", kappa=0.5).fit(X, y)
     with pytest.raises(ValueError, match="margin: must be < 1 for brm"):
         BRM(margin=1.0).fit(X, y)
+    # One step field, its values by algorithm.
+    with pytest.raises(ValueError, match="step: must be one of 'constant', 'descent', 'invsqrt'"):
+        SGD(step="paper").fit(X, y)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="step: must be one of 'scaled', 'paper'"):
+        OPML(step="descent").fit(X, y)  # type: ignore[arg-type]
 
 
 def test_brm_restricted_distance_of_pairs() -> None:

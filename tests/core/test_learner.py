@@ -33,7 +33,7 @@ def stream(n: int, d: int, classes: int, seed: int = 0) -> tuple[np.ndarray, np.
 
 def test_negative_class_is_uniform_among_the_other_seen_classes() -> None:
     d, c = 3, 5
-    learner = Learner(LearnerConfig(dim=d, gamma=1e-9, margin=1.0, seed=3))
+    learner = Learner(LearnerConfig(dim=d, gamma=1e-9, margin=1.0, seed=3, step="paper"))
     for k in range(c):
         learner.learn_one(np.eye(d)[k % d] * (k + 1) * 10.0, k)  # distinct class buffers
     x = np.zeros(d)
@@ -143,21 +143,35 @@ STEPS = {
 }
 
 
-@pytest.mark.parametrize("algorithm", ["opml", "copml", "sgd", "sgd_psd", "brm"])
+#: (algorithm, step) pairs: OPML/COPML under each of their step rules and gamma="auto"; the
+#: gradient learners under their own steps (STEPS).
+BATCHING_CASES = [(a, s) for a in ("opml", "copml") for s in ("scaled", "paper", "auto")] + [
+    (a, "own") for a in ("sgd", "sgd_psd", "brm")
+]
+
+
+@pytest.mark.parametrize(("algorithm", "step"), BATCHING_CASES)
 @pytest.mark.parametrize("normalize", ["none", "l2"])
 @pytest.mark.parametrize("d", [3, 64, 310])
-def test_learn_many_equals_the_learn_one_loop(algorithm: str, normalize: str, d: int) -> None:
+def test_learn_many_equals_the_learn_one_loop(
+    algorithm: str, normalize: str, d: int, step: str
+) -> None:
     if algorithm == "sgd_psd" and d == 310:
         d = 96  # O(d^3) per step: 310 would take a minute for nothing more
     X, y = stream(400 if d < 300 else 120, d, 4, seed=d)
     X[:30] = X[:1]  # a single-class, repeated-sample prefix
     y[:30] = y[0]
+    own: dict[str, object] = dict(STEPS[algorithm])
+    if step != "own":
+        own["gamma"] = "auto" if step == "auto" else 0.05
+        own["step"] = "paper" if step == "paper" else "scaled"
+        own["auto_warmup"] = 60  # both rungs end inside the stream
     config = LearnerConfig(
         dim=d,
         algorithm=algorithm,  # type: ignore[arg-type]
         normalize=normalize,  # type: ignore[arg-type]
         seed=9,
-        **STEPS[algorithm],
+        **own,  # type: ignore[arg-type]
     )
     one, many = Learner(config), Learner(config)
     loop_results = [one.learn_one(x, label) for x, label in zip(X, y, strict=True)]
@@ -165,6 +179,8 @@ def test_learn_many_equals_the_learn_one_loop(algorithm: str, normalize: str, d:
     assert loop_results == list(batch_results)
     assert_same_state(one, many)
     assert np.array_equal(one.L, many.L)
+    if step == "auto":
+        assert one.race is not None and one.race["state"] == "done"
 
 
 def test_queries_follow_equations_1_and_2() -> None:
@@ -227,17 +243,88 @@ def test_L_view_is_read_only() -> None:
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("dim", 0, "dim: must be >= 1"),
+        ("dim", 0, r"dim: must be in \[1, 32768\], got 0"),
+        ("dim", 40000, r"dim: must be in \[1, 32768\]"),
         ("dim", 2.5, "dim: must be an integer"),
+        ("dim", "64", "dim: must be an integer, got '64'"),
+        ("dim", True, "dim: must be an integer"),
         ("algorithm", "lmnn", "algorithm: must be one of 'opml', 'copml', 'sgd', 'sgd_psd', 'brm'"),
-        ("gamma", 0.0, "gamma: must be a finite number > 0"),
-        ("gamma_pair", float("nan"), "gamma_pair: must be a finite number > 0"),
-        ("margin", -1.0, "margin: must be a finite number > 0"),
+        ("step", "fast", "step: must be one of 'scaled', 'paper'"),
+        ("step", "descent", "step: must be one of 'scaled', 'paper' for algorithm 'copml'"),
+        ("eta", 0.1, "eta: not used by algorithm 'copml'"),
+        ("gamma", 0.0, r"gamma: must be in \(0, 1\], got 0.0"),
+        ("gamma", 1e300, r"gamma: must be in \(0, 1\], got 1e\+300"),
+        ("gamma", 1.5, r"gamma: must be in \(0, 1\]"),
+        ("gamma", "fast", "gamma: a number or 'auto'"),
+        ("gamma", [0.1], "gamma: must be a number"),
+        ("gamma_pair", float("nan"), r"gamma_pair: must be in \(0, 1\], got nan"),
+        ("gamma_pair", 2.0, r"gamma_pair: must be in \(0, 1\]"),
+        ("margin", -1.0, r"margin: must be in \(0, 100\]"),
+        ("margin", 1e3, r"margin: must be in \(0, 100\]"),
+        ("margin", float("inf"), r"margin: must be in \(0, 100\]"),
         ("normalize", "l1", "normalize: must be 'none' or 'l2'"),
-        ("seed", -1, "seed: must be >= 0"),
+        ("seed", -1, r"seed: must be in \[0, "),
+        ("seed", 2**128, r"seed: must be in \[0, "),
+        ("seed", 1.0, "seed: must be an integer"),
+        ("calibration_window", 0, r"calibration_window: must be in \[1, 1000000\]"),
+        ("calibration_window", "10", "calibration_window: must be an integer"),
+        ("auto_warmup", 5, r"auto_warmup: must be in \[10, 100000\]"),
     ],
 )
 def test_config_rejects_bad_hyperparameters(field: str, value: object, message: str) -> None:
     kwargs: dict[str, object] = {"dim": 3, field: value}
     with pytest.raises(ValueError, match=message):
         LearnerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("gamma", 1e300, r"gamma: must be in \(0, 1e\+06\]"),
+        ("gamma", 2e6, r"gamma: must be in \(0, 1e\+06\]"),
+        ("gamma", "auto", "gamma: 'auto' needs step='scaled'"),
+        ("gamma_pair", -1e-3, r"gamma_pair: must be in \(0, 1e\+06\]"),
+        ("margin", 1e13, r"margin: must be in \(0, 1e\+12\]"),
+    ],
+)
+def test_paper_rule_ranges_are_its_own(field: str, value: object, message: str) -> None:
+    kwargs: dict[str, object] = {"dim": 3, "step": "paper", field: value}
+    with pytest.raises(ValueError, match=message):
+        LearnerConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "field", "value", "message"),
+    [
+        ("sgd", "step", "scaled", "step: must be one of 'constant', 'descent', 'invsqrt' for algo"),
+        ("brm", "step", "paper", "step: must be one of 'constant', 'descent', 'invsqrt' for algo"),
+        ("opml", "step", "invsqrt", "step: must be one of 'scaled', 'paper' for algorithm 'opml'"),
+        ("sgd", "gamma", "auto", "gamma: not used by algorithm 'sgd'"),
+        ("sgd_psd", "auto_warmup", 100, "auto_warmup: not used by algorithm 'sgd_psd'"),
+        ("sgd", "gamma_pair", 0.0, "gamma_pair: must be a finite number > 0"),
+    ],
+)
+def test_step_values_depend_on_the_algorithm(
+    algorithm: str, field: str, value: object, message: str
+) -> None:
+    kwargs: dict[str, object] = {"dim": 3, "algorithm": algorithm, field: value}
+    with pytest.raises(ValueError, match=message):
+        LearnerConfig(**kwargs)  # type: ignore[arg-type]
+    gradient = LearnerConfig(dim=3, algorithm="sgd")
+    assert (gradient.step, gradient.auto_warmup, gradient.gamma) == ("descent", None, None)
+    assert LearnerConfig(dim=3, algorithm="opml").auto_warmup == 1000
+
+
+def test_config_defaults_depend_on_the_step_rule() -> None:
+    scaled = LearnerConfig(dim=3)
+    paper = LearnerConfig(dim=3, step="paper")
+    assert (scaled.step, scaled.gamma, scaled.gamma_pair, scaled.margin) == ("scaled", 0.05, 0.1, 1)
+    assert (paper.step, paper.gamma, paper.gamma_pair, paper.margin) == ("paper", 1e-3, 1e-2, 1)
+    # At the top of their ranges (inclusive) both rules are accepted.
+    LearnerConfig(dim=32768, gamma=1.0, gamma_pair=1.0, margin=100.0, seed=2**128 - 1)
+    LearnerConfig(dim=1, step="paper", gamma=1e6, gamma_pair=1e6, margin=1e12)
+    assert LearnerConfig(dim=3, gamma="auto").gamma == "auto"
+    # The stored form (asdict) builds the same config again, as the service reloads it.
+    from dataclasses import asdict
+
+    assert LearnerConfig(**asdict(paper)) == paper

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,10 +32,23 @@ def streams(draw: st.DrawFn) -> tuple[LearnerConfig, np.ndarray, list[int]]:
         X[:] = X[0]
         y = [int(v) for v in rng.integers(0, 2, size=n)]
     algorithm = draw(st.sampled_from(["opml", "copml", "sgd", "sgd_psd", "brm"]))
-    steps = [1e-6, 1e-3, 0.2, 1.0, 1e6]
     if algorithm in ("opml", "copml"):
-        own = {"gamma": draw(st.sampled_from(steps))}
+        step = draw(st.sampled_from(["scaled", "paper"]))
+        if step == "paper":  # the paper's units: anything in range, extremes included
+            gamma: float | str = draw(st.sampled_from([1e-6, 1e-3, 0.2, 1.0, 1e6]))
+            gamma_pair = draw(st.sampled_from([1e-3, 0.5, 1e6]))
+            margin = draw(st.sampled_from([1e-6, 1.0, 1e6, 1e12]))
+        else:
+            gamma = draw(st.sampled_from([1e-6, 1e-3, 0.1, 1.0, "auto"]))
+            gamma_pair = draw(st.sampled_from([1e-6, 0.1, 1.0]))
+            margin = draw(st.sampled_from([1e-6, 1.0, 100.0]))
+        own: dict[str, object] = {
+            "step": step,
+            "gamma": gamma,
+            "auto_warmup": draw(st.sampled_from([10, 40, 1000])),
+        }
     else:
+        steps = [1e-6, 1e-3, 0.2, 1.0, 1e6]
         own = {
             "eta": draw(st.sampled_from(steps)),
             "step": draw(st.sampled_from(["constant", "descent", "invsqrt"])),
@@ -42,15 +56,16 @@ def streams(draw: st.DrawFn) -> tuple[LearnerConfig, np.ndarray, list[int]]:
         }
         if algorithm != "brm":
             own["mu"] = draw(st.sampled_from([0.0, 1e-300, 0.1, 1e6]))
-    margins = [1e-6, 0.5] if algorithm == "brm" else [1e-6, 1.0, 1e6]
+        gamma_pair = draw(st.sampled_from([1e-3, 0.5, 1e6])) if algorithm != "sgd" else 0.5
+        margin = draw(st.sampled_from([1e-6, 0.5] if algorithm == "brm" else [1e-6, 1.0, 1e6]))
     config = LearnerConfig(
         dim=d,
         algorithm=algorithm,
-        gamma_pair=draw(st.sampled_from([1e-3, 0.5, 1e6])) if algorithm != "sgd" else 0.5,
-        margin=draw(st.sampled_from(margins)),
+        gamma_pair=gamma_pair,
+        margin=margin,
         normalize=draw(st.sampled_from(["none", "l2"])),
         seed=seed,
-        **own,
+        **own,  # type: ignore[arg-type]
     )
     return config, X, y
 
@@ -75,7 +90,9 @@ def test_any_stream_keeps_L_finite_and_counts_consistent(case) -> None:
         if r.outcome in ("triplet_update", "shrunk_update"):
             assert config.gamma is not None
             assert r.hinge is not None and r.hinge > 0
-            assert r.gamma is not None and 0 < r.gamma <= config.gamma
+            assert r.gamma is not None and r.gamma > 0
+            if config.step == "paper":  # in input units; the monitor may only lower it
+                assert r.gamma <= config.gamma  # type: ignore[operator]
         if r.outcome == "sgd_update":
             assert config.eta is not None and r.gamma is not None and 0 < r.gamma <= config.eta
             assert r.hinge is not None and (r.hinge > 0 or config.mu)
@@ -85,8 +102,13 @@ def test_any_stream_keeps_L_finite_and_counts_consistent(case) -> None:
         assert learner.counts["pair_update"] == 0
     if config.algorithm in GRADIENT_ALGORITHMS:
         assert learner.counts["triplet_update"] == learner.counts["shrunk_update"] == 0
+        assert learner.health is None and learner.effective is None
     else:
         assert learner.counts["sgd_update"] == 0
+        health = learner.health
+        assert health is not None and np.isfinite(health["frobenius_norm"])
+        assert health["frobenius_norm"] == pytest.approx(np.linalg.norm(learner.L), rel=1e-6)
+        assert 0 < health["step_scale"] <= 1
     stability = learner.stability()
     assert stability.n_samples == len(y)
     assert stability.gamma_hat is None or config.algorithm == "sgd_psd"

@@ -212,7 +212,13 @@ def test_lazy_decay_renormalises_and_keeps_the_served_L() -> None:
     [
         ({"algorithm": "sgd", "gamma": 0.1}, "gamma: not used by algorithm 'sgd'"),
         ({"algorithm": "opml", "eta": 0.1}, "eta: not used by algorithm 'opml'"),
-        ({"algorithm": "copml", "step": "descent"}, "step: not used by algorithm 'copml'"),
+        (
+            {"algorithm": "copml", "step": "descent"},
+            "step: must be one of 'scaled', 'paper' for algorithm 'copml'",
+        ),
+        ({"algorithm": "sgd", "step": "scaled"}, "step: must be one of 'constant', 'descent'"),
+        ({"algorithm": "sgd", "gamma": "auto"}, "gamma: not used by algorithm 'sgd'"),
+        ({"algorithm": "brm", "auto_warmup": 100}, "auto_warmup: not used by algorithm 'brm'"),
         ({"algorithm": "brm", "mu": 0.1}, "mu: not used by algorithm 'brm'"),
         ({"algorithm": "sgd", "step": "adam"}, "step: must be one of 'constant', 'descent'"),
         ({"algorithm": "sgd", "step": "constant", "kappa": 0.5}, "kappa: not used by step"),
@@ -248,7 +254,9 @@ def test_config_defaults_by_algorithm() -> None:
     psd = LearnerConfig(dim=2, algorithm="sgd_psd", step="invsqrt")
     assert (psd.mu, psd.kappa) == (0.1, None)
     opml = LearnerConfig(dim=2, algorithm="opml")
-    assert (opml.gamma, opml.margin, opml.step, opml.eta) == (1e-3, 1.0, None, None)
+    assert (opml.gamma, opml.margin, opml.step, opml.eta) == (0.05, 1.0, "scaled", None)
+    paper = LearnerConfig(dim=2, algorithm="opml", step="paper")
+    assert (paper.gamma, paper.gamma_pair, paper.auto_warmup) == (1e-3, 1e-2, 1000)
     # A config round-trips through its stored form (the service stores asdict(config)).
     from dataclasses import asdict
 

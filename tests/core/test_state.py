@@ -37,20 +37,29 @@ HYPERPARAMETERS = {
     "sgd_psd": {"eta": 0.02, "lam": 0.05, "margin": 2.0},
     "brm": {"eta": 0.2, "lam": 0.05, "margin": 0.2},
 }
+#: OPML/COPML under each step rule and gamma="auto"; the gradient learners under their own.
+RESUME_CASES = [(a, s) for a in ("opml", "copml") for s in ("scaled", "paper", "auto")] + [
+    (a, "own") for a in ("sgd", "sgd_psd", "brm")
+]
 
 
-@pytest.mark.parametrize("algorithm", ["opml", "copml", "sgd", "sgd_psd", "brm"])
+@pytest.mark.parametrize(("algorithm", "step"), RESUME_CASES)
 @pytest.mark.parametrize("seed", range(5))
-def test_resume_at_a_random_cut_is_bit_identical(algorithm: str, seed: int) -> None:
+def test_resume_at_a_random_cut_is_bit_identical(algorithm: str, step: str, seed: int) -> None:
     rng = np.random.default_rng(100 + seed)
     d = int(rng.choice([2, 21, 64]))
     X, y = make_stream(600, d, int(rng.integers(2, 12)), seed)
+    own: dict[str, object] = dict(HYPERPARAMETERS[algorithm])
+    if step != "own":
+        own["gamma"] = "auto" if step == "auto" else 0.02
+        own["step"] = "paper" if step == "paper" else "scaled"
+        own["auto_warmup"] = 400  # the cut falls before, inside or after the race
     config = LearnerConfig(
         dim=d,
         algorithm=algorithm,  # type: ignore[arg-type]
         seed=seed,
         calibration_window=50,
-        **HYPERPARAMETERS[algorithm],
+        **own,  # type: ignore[arg-type]
     )
     cut = int(rng.integers(0, 600))
     whole = Learner(config)
@@ -87,3 +96,74 @@ def test_from_state_rejects_inconsistent_state() -> None:
         Learner.from_state(arrays, {**meta, "format": 99})
     with pytest.raises(ValueError, match="L: contains NaN"):
         Learner.from_state({**arrays, "L": np.full((3, 3), np.nan)}, meta)
+    with pytest.raises(ValueError, match="stream scale"):
+        Learner.from_state(arrays, {**meta, "stream": [float("nan"), 1.0]})
+    with pytest.raises(ValueError, match="track state is not finite"):
+        bad = [[float("inf")] * len(row) for row in meta["tracks"]["state"]]
+        Learner.from_state(arrays, {**meta, "tracks": {**meta["tracks"], "state": bad}})
+    with pytest.raises(ValueError, match="race state does not match gamma"):
+        Learner.from_state(arrays, {**meta, "config": {**meta["config"], "gamma": "auto"}})
+
+
+def test_mid_race_state_holds_every_candidate() -> None:
+    X, y = make_stream(300, 5, 3, 4)
+    learner = Learner(LearnerConfig(dim=5, gamma="auto", auto_warmup=400))
+    learner.learn_many(X, y)
+    arrays, meta = learner.to_state()
+    assert set(arrays) == {
+        "L",
+        "buffer",
+        "calibration",
+        "tracks_L",
+        "tracks_calibration",
+        "race_pairs",
+    }
+    assert arrays["tracks_L"].shape == (2, 5, 5)  # 4 candidates, halved after 200 triplets
+    assert arrays["race_pairs"].shape[0] == 2
+    assert json.loads(json.dumps(meta)) == meta
+    resumed = round_trip(learner)
+    assert resumed.race == learner.race
+    with pytest.raises(ValueError, match="tracks_L does not hold the served L"):
+        Learner.from_state({**arrays, "L": arrays["L"] + 1.0}, meta)
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "stored_step"),
+    [("copml", "absent"), ("opml", None), ("sgd", "invsqrt"), ("brm", "descent")],
+)
+def test_format_1_checkpoint_resumes_as_it_ran(algorithm: str, stored_step: object) -> None:
+    """A checkpoint written before step rules existed continues exactly as it ran: OPML/COPML
+    with the paper's rule (their stored ``step`` was absent, or ``None`` once the gradient
+    learners had one), the gradient learners with their own step."""
+    X, y = make_stream(200, 4, 3, 5)
+    if algorithm in ("opml", "copml"):
+        config = LearnerConfig(dim=4, algorithm=algorithm, step="paper", gamma=0.01, seed=3)
+    else:
+        config = LearnerConfig(
+            dim=4, algorithm=algorithm, step=stored_step, eta=0.05, lam=0.01, seed=3
+        )  # type: ignore[arg-type]
+    whole = Learner(config)
+    whole.learn_many(X, y)
+    first = Learner(config)
+    first.learn_many(X[:120], y[:120])
+    arrays, meta = first.to_state()
+    old_config = {k: v for k, v in meta["config"].items() if k not in ("step", "auto_warmup")}
+    if stored_step != "absent":
+        old_config["step"] = stored_step
+    old_meta = {
+        "format": 1,
+        "config": old_config,
+        "classes": meta["classes"],
+        "rng": meta["rng"],
+        "samples_seen": meta["samples_seen"],
+        "outcomes": meta["outcomes"],
+        "calibration": meta["tracks"]["calibration"],
+        "scale": meta["scale"],
+        "stability": meta["stability"],
+    }
+    old_arrays = {k: arrays[k] for k in ("L", "buffer", "calibration")}
+    resumed = Learner.from_state(old_arrays, old_meta)
+    assert resumed.config == config
+    resumed.learn_many(X[120:], y[120:])
+    assert np.array_equal(resumed.L, whole.L)
+    assert resumed.stability() == whole.stability()

@@ -250,3 +250,27 @@ def test_certificate_gauges_follow_the_versions(
         assert (bound, m) == (cert[quantity]["bound"], cert[quantity]["m"])
     (target,) = series(samples, "opml_certificate_false_accept_target").values()
     assert target == 0.05
+
+
+def test_the_margin_fallback_is_certified_in_input_units_as_verify_uses_it(
+    api: httpx.Client, name: str
+) -> None:
+    """Before any triplet the served threshold is the margin in input units (under the default
+    step="scaled": margin times the stream's scale, not the configured 1): the certificate
+    certifies the threshold verify uses, as the core's does."""
+    n = 900
+    X, y = stream(n, D, 4, seed=21)
+    X = 100.0 * X  # far from unit scale: the configured margin would be another threshold
+    flags = np.array([label != y[0] for label in y])  # one class learned: pair steps only
+    make_model(api, name, D, seed=3)
+    send(api, name, X, y, flags)
+    learner = core(X, y, flags, seed=3)
+    assert learner.calibrator.calibration().pairs == 0 and learner.margin > 1.0
+    body = api.get(f"/v1/models/{name}/certificate", params={"min_version": n}).json()
+    assert body == expected(learner, delta=0.05)
+    assert (body["threshold"], body["threshold_source"]) == (learner.margin, "fallback:margin")
+    verify = api.post(f"/v1/models/{name}/verify", json={"a": X[0].tolist(), "b": X[1].tolist()})
+    assert (verify.json()["threshold"], verify.json()["threshold_source"]) == (
+        learner.margin,
+        "fallback:margin",
+    )

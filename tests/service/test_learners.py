@@ -97,6 +97,11 @@ def test_create_checkpoint_kill_9_replay_and_restart_are_exact(
         ({"algorithm": "sgd_psd", "eta": 0.5, "lam": 1.0}, "lam"),  # 2 eta lam < 1
         ({"algorithm": "sgd", "mu": -1.0}, "mu"),
         ({"algorithm": "brm", "step": "paperish"}, "step"),
+        # one step field, its values by algorithm
+        ({"algorithm": "copml", "step": "descent"}, "step"),
+        ({"algorithm": "sgd", "step": "paper"}, "step"),
+        ({"algorithm": "sgd", "gamma": "auto"}, "gamma"),  # the race is OPML's
+        ({"algorithm": "brm", "auto_warmup": 100}, "auto_warmup"),
         ({"algorithm": "lsgd"}, "algorithm"),
     ],
 )
@@ -123,6 +128,10 @@ def test_defaults_by_algorithm_and_stability_null_where_the_spec_says(
         shown = {k: model[k] for k in ("gamma", "margin", "step", "eta", "mu", "kappa", "lam")}
         assert shown == {k: getattr(ref.config, k) for k in shown}
         assert model["stability"] == ref.stability().to_dict()
+        # The divergence monitor and the step rules' figures are OPML/COPML's only.
+        gradient = algorithm in ("sgd", "sgd_psd", "brm")
+        assert (model["health"] is None, model["effective"] is None) == (gradient, gradient)
+        assert model["health"] == ref.health and model["race"] is None
         # Lemma 2's gamma_hat only for sgd_psd with mu > 0 and every step capped
         assert (model["stability"]["gamma_hat"] is not None) == (
             algorithm == "sgd_psd" and model["stability"]["capped_fraction"] == 1.0
@@ -188,4 +197,17 @@ def test_model_info_metric_by_algorithm(api: httpx.Client, name: str) -> None:
     assert (
         info[frozenset({("model", f"{name}-s"), ("algorithm", "sgd"), ("step", "invsqrt")})] == 1.0
     )
-    assert info[frozenset({("model", f"{name}-o"), ("algorithm", "opml"), ("step", "")})] == 1.0
+    info_o = frozenset({("model", f"{name}-o"), ("algorithm", "opml"), ("step", "scaled")})
+    assert info[info_o] == 1.0
+
+
+def test_a_brm_model_refuses_certificates_on_the_wire(api: httpx.Client, name: str) -> None:
+    """Certificates bound ||L(a - b)||^2 decisions; a brm model decides on D_R^2: refused (409
+    not-certifiable naming the algorithm), as by the core, however many samples are held out."""
+    X, y = stream(400, 3, 3, seed=4)
+    make_model(api, name, 3, algorithm="brm", holdout=0.3)
+    samples = [{"x": X[i].tolist(), "y": y[i]} for i in range(400)]
+    api.post(f"/v1/models/{name}/samples", json={"samples": samples})
+    answer = api.get(f"/v1/models/{name}/certificate", params={"min_version": 400})
+    problem = assert_problem(answer, 409)
+    assert "certificates are not available for 'brm'" in problem["detail"]

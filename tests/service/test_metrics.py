@@ -157,8 +157,16 @@ def test_learning_metrics_equal_the_core_learner(workload: Workload) -> None:
         float(np.linalg.norm(ref.L)), rel=1e-12
     )
     window, _ = ref.calibrator.to_state()
-    hinge = np.maximum(1.0 + window[:, 0] - window[:, 1], 0.0).mean()  # margin 1 (Eq. 4)
+    # Eq. 4 at the margin in input units (step "scaled": margin 1 times the stream's scale)
+    hinge = np.maximum(ref.margin + window[:, 0] - window[:, 1], 0.0).mean()
     assert one(after, "opml_hinge_loss", model=MODEL) == pytest.approx(hinge, rel=1e-12)
+    health = ref.health
+    assert one(after, "opml_model_divergence_trips", model=MODEL) == health["times_tripped"] == 0
+    assert one(after, "opml_model_diverging", model=MODEL) == 0
+    assert one(after, "opml_model_step_scale", model=MODEL) == health["step_scale"] == 1
+    assert one(after, "opml_model_shrunk_step_ratio", model=MODEL) == health["shrunk_rate"]
+    assert one(after, "opml_metric_growth_log10", model=MODEL) == health["growth"]
+    assert one(after, "opml_model_gamma", model=MODEL) == CONFIG["gamma"]
     cal = ref.calibrator.calibration()
     assert cal.calibrated and cal.pairs > 0
     assert one(after, "opml_triplet_accuracy_ratio", model=MODEL) == cal.accuracy

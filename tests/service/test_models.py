@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import redis
 
+from service.core.steps import DEFAULTS
 from tests.service.support import assert_problem, make_model
 
 
@@ -12,7 +13,8 @@ def test_create_returns_the_model_with_defaults(api: httpx.Client, name: str) ->
     body = make_model(api, name, 3, algorithm="opml", gamma=0.01, seed=7)
     assert body["name"] == name
     assert (body["dim"], body["algorithm"], body["gamma"], body["seed"]) == (3, "opml", 0.01, 7)
-    assert (body["gamma_pair"], body["margin"], body["normalize"]) == (1e-2, 1.0, "none")
+    default_pair = DEFAULTS["scaled"][1]  # omitted: the core's default (step="scaled")
+    assert (body["gamma_pair"], body["margin"], body["normalize"]) == (default_pair, 1.0, "none")
     assert body["version"] == body["samples_seen"] == body["classes"] == 0
     assert body["updates"]["triplet"] == body["updates"]["pair"] == 0
     assert body["verification"]["calibrated"] is False

@@ -127,7 +127,7 @@ def test_alert_rules_load_and_evaluate_without_errors(prometheus: httpx.Client) 
     assert {r["name"] for r in rules} == set(alert_exprs())
     assert {
         "OpmlIngestionLagGrowing", "OpmlCheckpointTooOld", "OpmlRedisErrors",
-        "OpmlVerificationEerJump",
+        "OpmlVerificationEerJump", "OpmlLearningDiverging",
     } <= set(alert_exprs())  # fmt: skip
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
@@ -151,6 +151,32 @@ def test_the_false_accept_alert_goes_pending_for_a_model_above_its_target(
     assert firing[0]["metric"]["alertstate"] == "pending"  # for: 10m
     bound = query(prometheus, f'opml_certificate_bound{{model="{name}", quantity="false_accept"}}')
     assert float(bound[0]["value"][1]) > 0.05
+
+
+def test_a_diverging_model_fires_its_alert(
+    prometheus: httpx.Client, api: httpx.Client, name: str
+) -> None:
+    # issue 14's trap: the paper's rule at its default step on inputs of scale 1000
+    X, y = stream(300, 8, 4, seed=5)
+    make_model(api, name, 8, step="paper", seed=1)
+    trips = f'opml_model_divergence_trips{{model="{name}"}}'
+    assert eventually(prometheus, trips, 0) == 0  # scraped before learning: a change to see
+    samples = [{"x": (1000 * X[i]).tolist(), "y": y[i]} for i in range(300)]
+    answer = api.post(f"/v1/models/{name}/samples?wait=true", json={"samples": samples})
+    assert answer.status_code == 200, answer.text
+    tripped = api.get(f"/v1/models/{name}").json()["health"]["times_tripped"]
+    assert tripped > 0 and eventually(prometheus, trips, tripped) == tripped
+    deadline = time.monotonic() + 30
+    while True:
+        alerts = prometheus.get("/api/v1/alerts").json()["data"]["alerts"]
+        mine = [a for a in alerts if a["labels"].get("model") == name]
+        if mine:
+            break
+        assert time.monotonic() < deadline, "the alert never fired"
+        time.sleep(0.25)
+    assert [(a["labels"]["alertname"], a["state"]) for a in mine] == [
+        ("OpmlLearningDiverging", "firing")
+    ]
 
 
 @pytest.mark.parametrize(
