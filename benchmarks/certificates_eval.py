@@ -366,7 +366,7 @@ def plot(summary: dict[str, dict[str, Any]], path: Path, title: str) -> None:
         for key, cell in row["cert"].items()
         if cell["certified_splits"]
     ]
-    fig, axes = plt.subplots(3, 1, figsize=(max(8.0, 0.8 * len(rows)), 10.0), sharex=True)
+    fig, axes = plt.subplots(3, 1, figsize=(max(8.0, 1.0 * len(rows)), 10.0), sharex=True)
     x = np.arange(len(rows))
     for ax, q in zip(axes, QUANTITIES, strict=True):
         test = [c["test"][q] for _, _, c in rows]
@@ -394,10 +394,14 @@ def plot(summary: dict[str, dict[str, Any]], path: Path, title: str) -> None:
         ax.set_ylabel(f"{LABELS[q]} (mean over splits)")
         ax.grid(axis="y", alpha=0.3)
     axes[-1].set_xticks(x)
-    axes[-1].set_xticklabels([f"{n}\nholdout {k}" for n, k, _ in rows], fontsize=8)
-    axes[0].legend(fontsize=8, ncol=2)
+    axes[-1].set_xticklabels(
+        [f"{n}\nholdout {k}\n{c['certified_splits']}/{c['splits']} splits" for n, k, c in rows],
+        fontsize=7,
+    )
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, 0.97))
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0.0, 0.0, 1.0, 0.95))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
