@@ -38,7 +38,7 @@ one set here large enough for ``m >= 1000`` tuples per quantity (issue 16's gap 
 5-NN cost is not measured (50,000 x 50,000 brute-force neighbours). Sets whose held-out half
 cannot form 10 tuples of each kind are reported with what the certificate says is missing.
 
-Run from the repository root (about 10 minutes on 2 shared cores)::
+Run from the repository root (2-5 minutes on 2 shared cores, depending on their load)::
 
     python -m benchmarks.certificates_eval   # writes benchmarks/results/certificates_eval.*
 """
