@@ -48,6 +48,7 @@ run benchmarks.table2 --zscore all --out benchmarks/results/table2_zscore_all
 run benchmarks.table4                   # results/table4.{md,json}
 run benchmarks.gamma_grid               # results/gamma_grid.{md,json} (~15 min)
 run benchmarks.learners                 # results/learners.{md,json,png} (~1 h on a busy host)
+run benchmarks.certificates_eval        # results/certificates_eval.{md,json,png} (~5 min)
 
 # Memory/lag soak of the service (10 minutes at a fixed rate).
 run benchmarks.soak --minutes 10        # results/soak.{md,json,png}
