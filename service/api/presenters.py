@@ -117,7 +117,6 @@ def verify_threshold(snap: Snapshot, given: float | None) -> tuple[float, str]:
     return served_threshold(snap.calibration, snap.margin, given)
 
 
-
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 

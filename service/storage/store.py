@@ -455,6 +455,16 @@ def connect(url: str, timeout_s: float) -> Redis:
     return client
 
 
+def _closed_transport(exc: RuntimeError) -> ConnectionError:
+    """A write on a connection whose socket the event loop already closed (a node killed
+    during a failover) raises RuntimeError in uvloop ("the handler is closed") and asyncio
+    ("unable to perform operation on ... closed"), not a RedisError: it is a lost connection.
+    Any other RuntimeError is re-raised as it is."""
+    if "closed" not in str(exc):
+        raise exc
+    return ConnectionError(f"the connection to Redis was closed ({exc})")
+
+
 class _ClusterPipeline(ClusterPipeline):
     """redis-py's cluster pipeline whose failures are all RedisErrors (see _Cluster)."""
 
@@ -463,12 +473,15 @@ class _ClusterPipeline(ClusterPipeline):
             return await super().execute(raise_on_error, allow_redirections)
         except RedisClusterException as exc:
             raise ClusterUnavailable(str(exc)) from exc
+        except RuntimeError as exc:
+            raise _closed_transport(exc) from exc
 
 
 class _Cluster(RedisCluster):
     """redis-py's asyncio cluster client, except that its ``RedisClusterException`` family
     (not a RedisError: e.g. no reachable node, a slot not covered while a failover is under way)
-    is raised as :class:`ClusterUnavailable`, so every caller's ``except RedisError`` (503 +
+    is raised as :class:`ClusterUnavailable`, and a write on a connection the event loop closed
+    (a killed node) as a ConnectionError, so every caller's ``except RedisError`` (503 +
     Retry-After, writer and loader backoff) covers the cluster's failures too."""
 
     async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
@@ -482,6 +495,8 @@ class _Cluster(RedisCluster):
             return await super().execute_command(*args, **kwargs)
         except RedisClusterException as exc:
             raise ClusterUnavailable(str(exc)) from exc
+        except RuntimeError as exc:
+            raise _closed_transport(exc) from exc
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:
