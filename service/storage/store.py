@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
 from redis.backoff import NoBackoff
@@ -451,8 +451,19 @@ def connect(url: str, timeout_s: float) -> Redis:
     Credentials and TLS come with the URL: ``redis://user:password@host:6379/0``, or
     ``rediss://...`` for TLS (query options such as ``ssl_cert_reqs``, ``ssl_ca_certs``).
     """
-    client: Redis = Redis.from_url(url, **_client_options(timeout_s))
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=MAX_CONNECTIONS, timeout=timeout_s, **_client_options(timeout_s)
+    )
+    client = Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True  # closing the client closes its pool
     return client
+
+
+#: Connections of one process to a single Redis server. A burst of concurrent calls beyond it
+#: (every writer of hundreds of models polling at once) waits for a free connection, bounded
+#: by ``OPML_REDIS_TIMEOUT_S`` like every call, rather than failing: redis-py 8's default pool
+#: refuses the 101st concurrent call at once (MaxConnectionsError, seen as a 503 on a create).
+MAX_CONNECTIONS = 512
 
 
 def _closed_transport(exc: RuntimeError) -> ConnectionError:
