@@ -2,6 +2,9 @@
 
 Shapes are checked here; values that depend on the model (vector length ``dim``, finiteness)
 are checked in one place, :mod:`service.api.parsing`.
+
+Why one module of this length: it is the wire contract, one declarative class per body and
+answer (models, samples, queries, gallery, certificates), read together with ``api.md``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,11 @@ machinery (the ``descent`` cap, the lazy decay), and :attr:`Learner.health`,
 Every learner also reports step-mass diagnostics (:meth:`Learner.stability`,
 :mod:`service.core.stability`) and the restricted distance of its metric
 (:meth:`Learner.restricted_squared_distances`).
+
+Why one module of this length: :class:`LearnerConfig` (every algorithm's hyperparameters and
+their cross-field ranges) and :class:`Learner` (the one object the service checkpoints: dispatch
+by algorithm, holdout routing, the step rules' tracks, state format and queries) are the core's
+public surface; the algorithms' kernels live in their own modules.
 """
 
 from __future__ import annotations
