@@ -15,9 +15,14 @@ lease is free (load checkpoint + replay the log tail, in the background). A grac
 leaves the membership and hands everything over at once; a process that dies loses its models
 when its leases expire (within the TTL).
 
-Appends made through any process are announced on the ``opml:appended`` pub/sub channel by the
-append script itself; the listener here wakes the owner's writer at once, and also retries the
-take-over of a model whose previous owner just released it.
+Appends made through any process are announced on the model's own pub/sub channel
+(``opml:appended:<name>``) by the append script itself. The listener here subscribes to the
+channels of the models this process learns or should learn, and to no others (an append costs
+one notification in the whole deployment, not one per process); it wakes the owner's writer at
+once, and also retries the take-over of a model whose previous owner just released it. The
+subscriptions follow placement (recomputed when it may have changed, looked at every
+:data:`_LISTEN_TICK_S`); a subscription's confirmation wakes the model's writer too, so an
+append made before it took effect is read then, not at the writer's next poll.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import secrets
 import socket
 import time
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
@@ -41,14 +47,19 @@ from service.engine.membership import Membership
 from service.engine.runtime import ModelRuntime
 from service.engine.tasks import stop_task
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
-from service.storage.keys import APPENDED
+from service.storage.keys import APPENDED, appended_channel
 from service.storage.store import Store
+
+if TYPE_CHECKING:
+    from redis.asyncio.client import PubSub
 
 log = logging.getLogger("service.registry")
 
 #: A model whose lease another process holds is retried on an append notification at most this
 #: often (a released model is taken over at once, without a busy loop).
 _RETRY_TAKE_S = 0.1
+#: The append listener looks at placement changes (its subscriptions) at least this often.
+_LISTEN_TICK_S = 0.1
 
 
 class Registry:
@@ -63,6 +74,7 @@ class Registry:
         self._closing = asyncio.Event()  # the loops stop when it is set (see engine/tasks.py)
         self._lock = asyncio.Lock()  # create / delete / registry sync
         self._tried: dict[str, float] = {}  # model -> monotonic time of the last take-over try
+        self._placed = 0  # bumped whenever placement may have changed (the listener follows)
         #: This process in lease values and the members hash: its advertised URL (no two live
         #: processes share one; a process restarted on the same address, after a crash, takes
         #: its previous incarnation's leases at once instead of waiting for them to expire).
@@ -133,6 +145,7 @@ class Registry:
             await self._sync_registry()
         for runtime in list(self.runtimes.values()):
             await self._place(runtime)
+        self._placed += 1  # members may have come or gone
 
     async def _place(self, runtime: ModelRuntime) -> None:
         """Keep, hand over or take one model, as membership says."""
@@ -149,6 +162,7 @@ class Registry:
             self._tried[runtime.name] = time.monotonic()
             if await runtime.claim():
                 runtime.activate()
+                self._placed += 1
 
     async def _sync_registry(self) -> None:
         """Follow the models created and deleted through other processes."""
@@ -171,6 +185,7 @@ class Registry:
         config = legacy_config(config)  # stored before step rules: the rule it was made with
         runtime = self._runtime(name, LearnerConfig(**config), float(meta.get("created_at", 0.0)))
         self.runtimes[name] = runtime
+        self._placed += 1
         return runtime
 
     def _runtime(self, name: str, config: LearnerConfig, created_at: float) -> ModelRuntime:
@@ -181,23 +196,46 @@ class Registry:
         self.runtimes.pop(runtime.name, None)
         self._tried.pop(runtime.name, None)
         runtime.metrics.forget()
+        self._placed += 1
 
     async def _listen(self) -> None:
-        """Wake the writer of a model when any process appended to it (pub/sub)."""
+        """Wake the writer of a model when any process appended to it (pub/sub, one channel
+        per model; see the module docstring)."""
         await self.loaded.wait()
         while not self._closing.is_set():
+            heard: set[str] = set()
+            seen = -1
             try:
                 async with self.store.appends() as pubsub:
-                    await pubsub.subscribe(APPENDED)
                     while not self._closing.is_set():
-                        message = await pubsub.get_message(
-                            ignore_subscribe_messages=True, timeout=1.0
-                        )
-                        if message is not None:
-                            self._appended(message["data"].decode())
+                        if seen != self._placed:
+                            seen = self._placed
+                            await self._follow(pubsub, heard)
+                        if not heard:  # nothing subscribed: nothing to read
+                            await self._pause(_LISTEN_TICK_S)
+                            continue
+                        message = await pubsub.get_message(timeout=_LISTEN_TICK_S)
+                        if message is None or message["type"] not in ("message", "subscribe"):
+                            continue
+                        self._appended(message["channel"].decode()[len(APPENDED) + 1 :])
             except RedisError as exc:  # the writers still poll; resubscribe shortly
                 log.debug("append notifications interrupted (%s); resubscribing", exc)
                 await self._pause(1.0)
+
+    async def _follow(self, pubsub: PubSub, heard: set[str]) -> None:
+        """Subscribe to the channels of the models learned here or that should be, and
+        unsubscribe from the others (``heard``: the models subscribed to, updated)."""
+        wanted = {
+            name
+            for name, runtime in self.runtimes.items()
+            if runtime.writer is not None or self.membership.should_own(name)
+        }
+        if wanted - heard:
+            await pubsub.subscribe(*(appended_channel(n) for n in sorted(wanted - heard)))
+        if heard - wanted:
+            await pubsub.unsubscribe(*(appended_channel(n) for n in sorted(heard - wanted)))
+        heard.clear()
+        heard.update(wanted)
 
     def _appended(self, name: str) -> None:
         runtime = self.runtimes.get(name)
@@ -301,6 +339,7 @@ class Registry:
             with contextlib.suppress(RedisError):  # else the placement loop takes it
                 if await runtime.claim():
                     runtime.activate()
+                    self._placed += 1
                     await runtime.caught_up()
             return runtime
 

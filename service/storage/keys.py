@@ -20,9 +20,21 @@ PREFIX = "opml"
 REGISTRY = f"{PREFIX}:models"
 #: Hash of the live service processes: member id -> ``"<expiry ms> <info JSON>"`` (heartbeats).
 MEMBERS = f"{PREFIX}:members"
-#: Pub/sub channel: the append script publishes the model's name after each append, so the
-#: process that owns the model wakes at once, whichever process appended.
+#: Prefix of the models' pub/sub channels (:func:`appended_channel`).
 APPENDED = f"{PREFIX}:appended"
+
+
+def appended_channel(name: str) -> str:
+    """The pub/sub channel of model ``name``: the append script publishes the name on it after
+    each append, so the process that learns the model wakes at once, whichever process
+    appended. One channel per model: only the process that learns it (or should) subscribes,
+    so an append costs one notification in the whole deployment, not one per process.
+
+    >>> appended_channel("faces")
+    'opml:appended:faces'
+    """
+    return f"{APPENDED}:{name}"
+
 
 #: SCAN pattern of every model's meta hash (``{`` and ``}`` are literal in Redis patterns).
 META_PATTERN = f"{PREFIX}:{{*}}:meta"

@@ -68,11 +68,11 @@ from redis.retry import Retry
 
 from service.storage.codec import StreamId, encode_labels, parse_id
 from service.storage.keys import (
-    APPENDED,
     MEMBERS,
     META_PATTERN,
     REGISTRY,
     ModelKeys,
+    appended_channel,
     name_of_meta,
 )
 
@@ -742,7 +742,9 @@ class Store:
 
     async def _confirmed(self, name: str, entry: StreamId) -> None:
         """Replicas have every log entry up to ``entry``: let the writers read that far."""
-        await self._confirm(keys=[ModelKeys(name).meta], args=[*entry, APPENDED, name])
+        await self._confirm(
+            keys=[ModelKeys(name).meta], args=[*entry, appended_channel(name), name]
+        )
 
     # -- the log -----------------------------------------------------------------------------
 
@@ -755,7 +757,7 @@ class Store:
         docstring)."""
         keys = ModelKeys(name)
         # With replicas awaited the owner is woken by the confirmation instead (_CONFIRM).
-        channel = "" if self.wait_replicas else APPENDED
+        channel = "" if self.wait_replicas else appended_channel(name)
         args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups), channel, name]
         for group in groups:
             if not group.keys:
@@ -789,7 +791,7 @@ class Store:
 
     async def append_metric(self, name: str, L: bytes) -> StreamId:
         keys = ModelKeys(name)
-        channel = "" if self.wait_replicas else APPENDED
+        channel = "" if self.wait_replicas else appended_channel(name)
         out = await self._run_replicated(
             self._append_metric, [keys.meta, keys.log], [L, channel, name]
         )
@@ -958,13 +960,14 @@ class Store:
         await self.client.hdel(MEMBERS, member)
 
     async def notify(self, name: str) -> None:
-        """Announce on :data:`~service.storage.keys.APPENDED` that model ``name`` needs its
-        owner's attention (it was released: the process that should own it takes it now)."""
-        await self.client.publish(APPENDED, name)
+        """Announce on the model's channel (:func:`~service.storage.keys.appended_channel`) that
+        model ``name`` needs its owner's attention (it was released: the process that should
+        own it takes it now)."""
+        await self.client.publish(appended_channel(name), name)
 
     def appends(self) -> PubSub:
-        """A pub/sub subscription object for :data:`~service.storage.keys.APPENDED` (each
-        message: the name of a model whose log just grew)."""
+        """A pub/sub object for the models' channels (:func:`~service.storage.keys.
+        appended_channel`; each message: the name of a model whose log just grew)."""
         return self.client.pubsub()
 
     async def read_checkpoint(self, name: str) -> tuple[dict[str, bytes], dict[str, bytes]] | None:
