@@ -262,7 +262,7 @@ class TransformedGallery:
         L = _frozen(np.array(L, dtype=np.float64))
         block = _Block.of(np.empty((0, d)), _MIN_CAPACITY)
         return cls(block, _Block.of(np.empty((0, d)), _MIN_CAPACITY), 0,
-                   np.zeros(0, dtype=bool), L, _full_err(L))  # fmt: skip
+                   np.zeros(0, dtype=bool), L, 0.0)  # fmt: skip
 
     @property
     def dim(self) -> int:
@@ -324,6 +324,8 @@ class TransformedGallery:
         bit-identical), ``"incremental"`` or ``"full"`` (:func:`refresh_method`; ``rank``
         bounds the rank of the change, None: unknown). Runs the products on one BLAS thread."""
         L = _frozen(np.array(L, dtype=np.float64))
+        if self.n == 0:  # no row to transform: no product, no rounding (err is vacuous)
+            return replace(self, L=L, err=0.0), "full"
         if np.array_equal(L, self.L):
             return replace(self, L=L), "unchanged"
         n, d = self.n, self.dim

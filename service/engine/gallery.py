@@ -188,7 +188,7 @@ class Gallery:
         self.board = board
         self.metrics = metrics
         snap = board.current
-        self.view = GalleryView(TransformedGallery.empty(snap.metric.L), [], snap)
+        self.view = GalleryView(TransformedGallery.empty(snap.L), [], snap)
         self.closed = False
         self._index: dict[str, int] = {}  # item key -> row of the latest view
         self._sorted: list[str] | None = None  # the keys in order (listing), until a change
@@ -355,7 +355,7 @@ class Gallery:
             item_id, y, X[row] = decode_gallery_item(value, d)
             items.append(Item(item_id, key, y))
         snap = self.board.current
-        empty = TransformedGallery.empty(snap.metric.L)
+        empty = TransformedGallery.empty(snap.L)
         Xn = normalize_rows(X, self.config.normalize)
         work = len(X) * d * d
         rows, _ = await self._run(_REFRESH_THREADS, work < _THREAD_WORK, empty.with_rows, Xn)
@@ -395,7 +395,7 @@ class Gallery:
         started = time.perf_counter()
         work = view.rows.n * d * d
         rows, method = await self._run(
-            _REFRESH_THREADS, work < _THREAD_WORK, view.rows.refreshed, snap.metric.L, rank
+            _REFRESH_THREADS, work < _THREAD_WORK, view.rows.refreshed, snap.L, rank
         )
         took = time.perf_counter() - started
         if method != "unchanged" and rows.n:
