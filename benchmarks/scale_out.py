@@ -12,13 +12,15 @@ binary, AOF, ``appendfsync always``):
     this checkout: each model is learned by one process (rendezvous placement), the others
     forward to it.
 
-**Cost.** For 1, 2 and 3 processes, at d = 64 and 256: six models (``normalize: l2``), each fed
+**Cost.** For 1, 2 and 3 processes, at d = 64 and 256: six models (``normalize: l2``), created
+through process 0 and, once placed (:func:`placed`: the steady state), each fed
 ``--samples`` samples over its own WebSocket (binary frames of 64 samples, 16 in flight; model
 ``i`` through process ``i mod N``, as a load balancer would spread them), then every process
 asked for every model at the last logged version (so the work of catching up is counted where
 the code does it). Figures: service CPU (utime + stime of every service process, from /proc)
 per acknowledged sample; the time to acknowledge and apply everything (aggregate samples/s);
 Redis CPU per sample; and the service CPU of ``--idle`` seconds afterwards, with nothing sent.
+Each cell is the median of ``--repeats`` runs (default 3).
 
 **Availability** (``after``, and ``before`` for comparison). Two processes learn six models at
 d = 64 with ``OPML_LEASE_TTL_S=3``; a probe asks each model for a distance through process 1
@@ -88,6 +90,27 @@ def knows_all(url: str) -> bool:
         return False
 
 
+def owners(urls: list[str]) -> dict[str, list[int]]:
+    """Model -> the processes (indices) whose ``opml_model_owner`` gauge is 1 for it."""
+    out: dict[str, list[int]] = {m: [] for m in MODELS}
+    with httpx.Client(timeout=10) as api:
+        for k, url in enumerate(urls):
+            for line in api.get(f"{url}/metrics").text.splitlines():
+                if line.startswith("opml_model_owner{") and line.endswith(" 1.0"):
+                    out[line.split('model="', 1)[1].split('"', 1)[0]].append(k)
+    return out
+
+
+def placed(urls: list[str]) -> None:
+    """Wait for the models' placement: they were created through process 0, whose first
+    placement round (every third of the lease TTL, 10 s by default) hands each one over to
+    its rendezvous owner. Measuring from then on gives the steady state; what a handover
+    costs is the Availability part."""
+    if len(urls) > 1:
+        time.sleep(10 / 3 + 0.5)  # one placement round of every process
+    wait_until(lambda: all(len(k) == 1 for k in owners(urls).values()), 60, "models placed")
+
+
 async def feed(urls: list[str], X: np.ndarray, y: np.ndarray) -> None:
     """Each model its samples through process ``i mod N``, all models at once."""
 
@@ -136,6 +159,7 @@ def cost(root: Path | None, n: int, d: int, args: argparse.Namespace, tmp: Path)
             for m in MODELS:
                 api.post("/v1/models", json={"name": m, "dim": d, "normalize": "l2"})
         wait_until(lambda: all(knows_all(u) for u in urls), 60, "models known everywhere")
+        placed(urls)
         rng = np.random.default_rng(d)
         X = rng.normal(size=(args.samples, d))
         y = rng.integers(0, 10, size=args.samples).astype(str)
@@ -256,8 +280,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         for d in args.dims:
             for n in (1, 2, 3):
                 for code, root in codes.items():  # side by side, same load moment
-                    row = {"code": code, **cost(root, n, d, args, tmp / code)}
-                    print(json.dumps(row), flush=True)
+                    runs = []
+                    for k in range(args.repeats):
+                        runs.append(cost(root, n, d, args, tmp / f"{code}-{k}"))
+                        print(json.dumps({"code": code, **runs[-1]}), flush=True)
+                    # the median of each figure over the repeats (one run's CPU per sample
+                    # varies by +-20 % on this shared machine)
+                    row = {key: float(np.median([r[key] for r in runs])) for key in runs[0]}
+                    row.update(code=code, processes=n, dim=d, repeats=args.repeats)
                     out["cost"].append(row)
         for code, root in codes.items():
             out["availability"][code] = availability(root, args, tmp / f"avail-{code}")
@@ -270,7 +300,8 @@ def report(result: dict[str, Any], info: dict[str, Any], module: str, args: Any)
         "# Scale-out: cost per sample and availability, before / after",
         "",
         f"`{command_line(module)}`; six models, {args.samples} samples each over WebSockets "
-        f"(binary frames of {FRAME}, {WINDOW} in flight); see `benchmarks/scale_out.py`.",
+        f"(binary frames of {FRAME}, {WINDOW} in flight); each cell the median of "
+        f"{args.repeats} run(s); see `benchmarks/scale_out.py`.",
         "",
         machine_block(info),
         "",
@@ -329,12 +360,14 @@ def main() -> None:
                         help="checkout of the code before scale-out (e.g. 7a256ae)")  # fmt: skip
     parser.add_argument("--samples", type=int, default=20_000, help="per model")
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--repeats", type=int, default=3, help="runs per cell (medians)")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measured")
     parser.add_argument("--event-seconds", type=float, default=8.0)
     parser.add_argument("--quick", action="store_true", help="4,000 samples, d = 64 only")
     args = parser.parse_args()
     if args.quick:
         args.samples, args.dims, args.idle, args.event_seconds = 4_000, [64], 2.0, 6.0
+        args.repeats = 1
     info = machine_info()
     result = measure(args)
     info["load_average_1m"] = machine_info()["load_average_1m"]

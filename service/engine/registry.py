@@ -15,8 +15,9 @@ lease is free (load checkpoint + replay the log tail, in the background). A grac
 leaves the membership and hands everything over at once; a process that dies loses its models
 when its leases expire (within the TTL).
 
-Appends made through any process are announced on the model's own pub/sub channel
-(``opml:appended:<name>``) by the append script itself. The listener here subscribes to the
+Appends made through any process but the model's owner are announced on the model's own
+pub/sub channel (``opml:appended:<name>``) by the append script itself (the owner wakes its
+writer directly). The listener here subscribes to the
 channels of the models this process learns or should learn, and to no others (an append costs
 one notification in the whole deployment, not one per process); it wakes the owner's writer at
 once, and also retries the take-over of a model whose previous owner just released it. The

@@ -133,13 +133,18 @@ class ModelRuntime:
             self,
             self.metrics.backpressure_wait,
         )
-        #: Appends to this model's log go through one queue (group commit).
+        #: Appends to this model's log go through one queue (group commit). They are
+        #: announced on the model's channel only when another process learns the model: the
+        #: writer here is woken directly. (While the model changes hands, an append made by
+        #: the previous owner may so reach the new one at its next read, within
+        #: OPML_POLL_INTERVAL_S, instead of at once; nothing is lost either way.)
         self.appender = GroupCommit(
             store,
             name,
             ttl_ms=settings.idempotency_ttl_s * 1000,
             max_classes=settings.max_classes,
             max_samples=settings.max_batch,
+            announce=lambda: self.writer is None,
         )
         self.closed = False  # deleted (or the service is stopping)
         self._loading: asyncio.Task[None] | None = None
@@ -358,10 +363,11 @@ class ModelRuntime:
             )
         try:
             # No await between the room check and this enqueue: calls are logged in call order.
-            appended = await self.appender.append(
-                Group(encode_vector(X), keys, idempotency_field, digest, encode_flags(holdout))
-            )
+            group = Group(encode_vector(X), keys, idempotency_field, digest, encode_flags(holdout))
+            appended = await self.appender.append(group)
             if not appended.replayed:
+                if self.writer is not None:  # it may apply them without reading them back
+                    self.writer.offer(appended, group)
                 self._notify_logged(appended.last_seq)  # before admission.done: no gap
         except NoSuchModel:
             raise NotFound(f"model {self.name!r} does not exist") from None

@@ -22,9 +22,21 @@ batch that reached the end of the log that next read waits for the next append, 
 instead of costing a Redis round trip (and a write, under ``appendfsync always`` an fsync) of its
 own per sample.
 
+An append made through this process is also handed to the writer as it was logged
+(:meth:`Writer.offer`), so with one sample per request the writer need not read it back: it
+applies an offered entry in place of a read when that entry is certainly the next one of the
+log (its first seq follows the applied version, and no metric replacement was logged that is
+not applied yet: the append script returns the count of those, ``puts``), while the lease is
+held, the log tail found at start-up is applied, no replicas are awaited, and the latest read
+is less than :data:`SKIP_READ_S` old. The reads that still happen at least that often
+publish the applied seq, see entries appended through other processes, and notice a
+checkpoint written by another owner. The entries are the same bytes either way (the offered
+one is the very group that the append script logged), so the learner's result does not
+change.
+
 It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
-when the registry relays an append made through another process (the ``opml:appended``
-pub/sub channel), and at the latest every ``OPML_POLL_INTERVAL_S``. If it finds a checkpoint
+when the registry relays an append made through another process (the model's
+``opml:appended:<name>`` pub/sub channel), and at the latest every ``OPML_POLL_INTERVAL_S``. If it finds a checkpoint
 past its own position, another process has taken the model over: it stops applying and gives
 the lease up (the registry then drops it).
 
@@ -64,20 +76,29 @@ from service.storage.codec import (
     after,
     decode_entry,
     decode_vector,
+    encode_labels,
     entry_flags,
     format_id,
 )
-from service.storage.store import Fenced, Store
+from service.storage.store import Appended, Fenced, Group, Store
 
 log = logging.getLogger("service.writer")
 
-#: Log entries as read: (id, fields).
-Entries = list[tuple[StreamId, dict[bytes, bytes]]]
+#: A log entry as read: (id, fields); and a batch of them.
+Entry = tuple[StreamId, dict[bytes, bytes]]
+Entries = list[Entry]
 
 #: Longest wait, after a batch that reached the end of the log, before the read that publishes
 #: its applied seq (see the module docstring); the admission control of other processes polls
 #: that seq about as often (``service.engine.runtime.FOLLOWER_POLL_S``).
 PUBLISH_DELAY_S = 0.02
+#: Most appends kept for :meth:`Writer.offer` (beyond it they are read back from the log).
+MAX_OFFERED = 4096
+#: An offered entry is applied without a read only this soon after the latest read.
+SKIP_READ_S = PUBLISH_DELAY_S
+#: A batch of at most this many multiply-adds (samples x d^2) is applied on the event loop,
+#: not in a worker thread: 32 samples at d = 64, 2 at d = 256 (tens of microseconds).
+INLINE_WORK = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -126,6 +147,10 @@ class Writer:
         self._saved: StreamId | None = None  # log position of our latest checkpoint
         self._per_entry = 1.0  # samples per log entry in the latest batch
         self._replaying = False  # applying the log tail found at start-up
+        #: Appends of this process as logged: first seq -> (puts before it, the entry).
+        self._offered: dict[int, tuple[int, Entry]] = {}
+        self._read_at: float | None = None  # monotonic time of the latest log read
+        self.offered_applied = 0  # entries applied as offered (not read back)
         #: Held while the learner changes (a batch, from reading it to publishing its
         #: snapshot), so a copy taken under it matches the published snapshot.
         self._learning = asyncio.Lock()
@@ -170,6 +195,39 @@ class Writer:
         self.logged_seq = max(self.logged_seq, last_seq)
         self._kick.set()
 
+    def offer(self, appended: Appended, group: Group) -> None:
+        """``group`` was logged by this process as one entry (``appended``): keep it, to be
+        applied without a read when it is the log's next entry (see the module docstring)."""
+        if appended.puts < 0 or len(self._offered) >= MAX_OFFERED:
+            return
+        fields = {b"n": b"%d" % len(group.keys), b"x": group.x, b"y": encode_labels(group.keys)}
+        if group.holdout:
+            fields[b"h"] = group.holdout
+        self._offered[appended.first_seq] = (appended.puts, ((appended.last_seq, 1), fields))
+
+    def _next_offered(self, count: int) -> Entries:
+        """The offered entries that certainly follow the applied state in the log (at most
+        ``count``), in order, taken."""
+        version = self.board.current.version
+        entries: Entries = []
+        while len(entries) < count and (offered := self._offered.get(version + 1)) is not None:
+            puts, entry = offered
+            if puts != self.metric_puts:  # a metric replacement comes first: read the log
+                break
+            del self._offered[version + 1]
+            entries.append(entry)
+            version = entry[0][0]
+        return entries
+
+    def _may_skip_read(self, now: float) -> bool:
+        return (
+            self._read_at is not None
+            and now - self._read_at < SKIP_READ_S
+            and not self._replaying
+            and self.lease.held
+            and not self.store.wait_replicas
+        )
+
     def kick(self) -> None:
         """Look at the log (and whether a checkpoint is due) now."""
         self._kick.set()
@@ -204,10 +262,18 @@ class Writer:
         self._kick.clear()
         per_batch = self.samples_per_batch  # about that many samples, however many per entry
         count = max(1, min(per_batch, round(per_batch / self._per_entry)))
+        offered = self._next_offered(count) if self._may_skip_read(read_at) else []
+        if offered:
+            await self._apply(offered)
+            self.offered_applied += len(offered)
+            if self.lease.held and self._checkpoint_due():
+                await self._write_checkpoint()
+            return 0.0 if self.board.current.version + 1 in self._offered else PUBLISH_DELAY_S
         current = self.board.current
         tail = await self.store.read_tail(
             self.name, after(current.applied), count, applied=current.version
         )
+        self._read_at = read_at
         if tail.checkpoint_applied is not None and tail.checkpoint_applied > current.applied:
             # Another process checkpointed past us: it owns the model now (we were paused past
             # our lease, or fenced). Stop learning; the registry drops this writer.
@@ -228,11 +294,16 @@ class Writer:
 
     async def _apply(self, entries: Entries) -> None:
         started = time.perf_counter()
-        # Decoding, learning and building the snapshot all run in the worker thread (the
+        # Decoding, learning and building the snapshot all run in a worker thread (the
         # compiled kernel releases the GIL), so the event loop stays free for ingestion and
-        # queries; only the bookkeeping below runs on it.
+        # queries; only the bookkeeping below runs on it. A batch of a few samples is applied
+        # on the event loop instead: handing it to a thread and back costs more than learning
+        # it (thread wake-ups, the GIL passed back and forth, the loop woken by the result).
         async with self._learning:
-            runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
+            if _entry_samples(entries) * self.learner.dim**2 <= INLINE_WORK:
+                runs, snapshot, samples = self._apply_entries(entries)
+            else:
+                runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
             for seqs, results in runs:
                 self.metrics.count_steps(results.counts())
                 if self._replaying:
@@ -343,6 +414,9 @@ class Writer:
     def _publish(self, snapshot: Snapshot) -> None:
         self.logged_seq = max(self.logged_seq, snapshot.version)
         self.board.publish(snapshot)
+        if self._offered:  # those applied (read back from the log) are not needed any more
+            for first in [first for first in self._offered if first <= snapshot.version]:
+                del self._offered[first]
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -391,3 +465,8 @@ class Writer:
         self.checkpoint = CheckpointInfo(self.learner.version, now)
         self.metrics.checkpoint_duration.observe(time.perf_counter() - started)
         log.debug("%s: checkpoint at %s", self.name, format_id(applied))
+
+
+def _entry_samples(entries: Entries) -> int:
+    """Samples in ``entries`` (a metric replacement counts as one: O(d^2) work, like a sample)."""
+    return sum(int(fields.get(b"n", b"1")) for _, fields in entries)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 
 from service.storage.store import Appended, Group, Store, TooManyClasses
 
@@ -22,10 +23,19 @@ class GroupCommit:
     """The append queue of one model (see the module docstring)."""
 
     def __init__(
-        self, store: Store, name: str, *, ttl_ms: int, max_classes: int, max_samples: int
+        self,
+        store: Store,
+        name: str,
+        *,
+        ttl_ms: int,
+        max_classes: int,
+        max_samples: int,
+        announce: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
         self.name = name
+        #: Whether an append is published on the model's channel (see Store.append_groups).
+        self.announce = announce
         self.ttl_ms = ttl_ms
         self.max_classes = max_classes
         #: Most samples per script (a group larger than this still goes, alone).
@@ -70,6 +80,7 @@ class GroupCommit:
                         now_ms=int(time.time() * 1000),
                         ttl_ms=self.ttl_ms,
                         max_classes=self.max_classes,
+                        announce=self.announce(),
                     )
                 except Exception as exc:  # the whole call failed: every group in it did
                     for _, future in batch:

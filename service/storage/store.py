@@ -105,8 +105,9 @@ end
 #       order, each exactly as if alone (a group commit: one script, one AOF write and fsync for
 #       requests/frames that arrived together), each as ONE log entry ``<last seq>-1`` holding
 #       its n samples (see service.storage.codec).
-# -> {0} no model | {1, r1, r2, ...}, per group r = {1, first, last} | {2, "first last fingerprint"}
-#    replay | {3, classes} would exceed the class limit (that group alone: nothing of it logged)
+# -> {0} no model | {1, puts, r1, r2, ...}, per group r = {1, first, last} | {2, "first last
+#    fingerprint"} replay | {3, classes} would exceed the class limit (that group alone: nothing
+#    of it logged); puts: the metric replacements logged so far (all of them before these groups)
 _APPEND = (
     """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
@@ -118,7 +119,7 @@ local ttl = tonumber(ARGV[2])
 local max_classes = tonumber(ARGV[3])
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local first_seq = seq
-local out = {1}
+local out = {1, tonumber(redis.call('HGET', KEYS[1], 'puts') or '0')}
 local p = 7
 for g = 1, tonumber(ARGV[4]) do
   local field, fp, n = ARGV[p], ARGV[p + 1], tonumber(ARGV[p + 2])
@@ -331,6 +332,9 @@ class Appended:
     last_seq: int
     replayed: bool = False
     fingerprint: str = ""
+    #: Metric replacements (PUT metric) logged before this entry (-1: not known); with
+    #: ``first_seq`` it says which entry precedes this one in the log.
+    puts: int = -1
 
 
 @dataclass(frozen=True)
@@ -749,15 +753,23 @@ class Store:
     # -- the log -----------------------------------------------------------------------------
 
     async def append_groups(
-        self, name: str, groups: list[Group], *, now_ms: int, ttl_ms: int, max_classes: int
+        self,
+        name: str,
+        groups: list[Group],
+        *,
+        now_ms: int,
+        ttl_ms: int,
+        max_classes: int,
+        announce: bool = True,
     ) -> list[Appended | TooManyClasses]:
         """Append several groups in order in one script (:class:`NoSuchModel` if the model is
         gone); each group's outcome is its own: appended, replayed, or over the class limit.
         With replicas awaited, :class:`NotReplicated` fails them all (see the module
-        docstring)."""
+        docstring). ``announce``: publish the append on the model's channel (not needed when
+        the caller is the process that learns the model: it wakes its own writer)."""
         keys = ModelKeys(name)
         # With replicas awaited the owner is woken by the confirmation instead (_CONFIRM).
-        channel = "" if self.wait_replicas else appended_channel(name)
+        channel = appended_channel(name) if announce and not self.wait_replicas else ""
         args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups), channel, name]
         for group in groups:
             if not group.keys:
@@ -774,7 +786,8 @@ class Store:
         if int(out[0]) == 0:
             raise NoSuchModel(name)
         results: list[Appended | TooManyClasses] = []
-        for group, r in zip(groups, out[1:], strict=True):
+        puts = int(out[1])
+        for group, r in zip(groups, out[2:], strict=True):
             code = int(r[0])
             if code == 3:
                 results.append(TooManyClasses(int(r[1])))
@@ -782,7 +795,9 @@ class Store:
                 first, last, fp = r[1].decode().split(" ", 2)
                 results.append(Appended(int(first), int(last), replayed=True, fingerprint=fp))
             else:
-                results.append(Appended(int(r[1]), int(r[2]), fingerprint=group.fingerprint))
+                results.append(
+                    Appended(int(r[1]), int(r[2]), fingerprint=group.fingerprint, puts=puts)
+                )
         if self.wait_replicas:
             last = max((r.last_seq for r in results if isinstance(r, Appended)), default=0)
             if last:  # a replay's entries were logged before the WAIT's write: covered too

@@ -197,8 +197,8 @@ def test_one_script_appends_groups_each_with_its_own_outcome(redis_url: str) -> 
             await client.aclose()
 
     out = asyncio.run(run())
-    assert out[0] == Appended(1, 2, fingerprint="fp1")
+    assert out[0] == Appended(1, 2, fingerprint="fp1", puts=0)
     assert isinstance(out[1], TooManyClasses) and out[1].have == 2
     assert out[2] == Appended(1, 2, replayed=True, fingerprint="fp1")
-    assert out[3] == Appended(3, 3, fingerprint="fp3")
-    assert out[4] == Appended(4, 6, fingerprint="fp4")
+    assert out[3] == Appended(3, 3, fingerprint="fp3", puts=0)
+    assert out[4] == Appended(4, 6, fingerprint="fp4", puts=0)

@@ -1,0 +1,105 @@
+"""The owner applies its own appends without reading them back (``engine/writer.py``,
+``Writer.offer``), and only when they are certainly the log's next entries: the result is the
+core learner's on the logged order, metric replacements included. Real Redis, in process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.config import Settings
+from service.core import Learner, LearnerConfig
+from service.engine import writer as writer_module
+from service.engine.runtime import ModelRuntime
+from service.storage.codec import encode_vector
+from service.storage.store import Store
+from service.storage.store import connect as redis_connect
+from tests.service.support import stream
+
+CONFIG = LearnerConfig(dim=3, gamma=0.05)
+
+
+def run_with_runtime(redis_url: str, body: Callable[[ModelRuntime], Awaitable[Any]]) -> Any:
+    """``body(runtime)`` on a fresh model learned by this (test) process."""
+
+    async def run() -> Any:
+        client = redis_connect(redis_url, 5.0)
+        store = Store(client)
+        name = f"offered-{time.time_ns()}"
+        created = time.time()
+        assert await store.create_model(name, asdict(CONFIG), created)
+        runtime = ModelRuntime(name, CONFIG, created, store, Settings(), f"test:{name}")
+        try:
+            assert await runtime.claim()
+            runtime.activate()
+            await asyncio.wait_for(runtime.caught_up(), 30)
+            return await body(runtime)
+        finally:
+            await runtime.deactivate(checkpoint=False, closing=True)
+            await store.delete_model(name)
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+def test_single_sample_appends_are_applied_as_offered_and_learn_exactly(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writer_module, "SKIP_READ_S", 3600.0)  # any read is recent enough
+    X, y = stream(40, 3, 4, seed=11)
+
+    async def body(runtime: ModelRuntime) -> tuple[int, np.ndarray]:
+        for i in range(len(y)):
+            done = await runtime.ingest(X[i : i + 1], [y[i]], wait=True)
+            assert (done.first_seq, done.version) == (i + 1, i + 1)
+        assert runtime.writer is not None
+        return runtime.writer.offered_applied, runtime.snapshot.L
+
+    offered, L = run_with_runtime(redis_url, body)
+    assert offered == len(y)  # none of them was read back from the log
+    ref = Learner(CONFIG)
+    ref.learn_many(X, y)
+    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
+
+
+def test_an_offered_append_waits_for_a_metric_replacement_logged_before_it(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends offered on both sides of a PUT metric logged by someone else (not offered): the
+    second one's first seq follows the first's last, but the replacement sits between them in
+    the log, so it is read, not taken as offered."""
+    monkeypatch.setattr(writer_module, "SKIP_READ_S", 3600.0)
+    X, y = stream(12, 3, 3, seed=4)
+    M = np.diag([2.0, 0.5, 1.5])
+
+    async def body(runtime: ModelRuntime) -> tuple[int, int, np.ndarray]:
+        writer = runtime.writer
+        assert writer is not None
+        async with writer._learning:  # the writer cannot apply anything meanwhile
+            await runtime.ingest(X[:6], y[:6])
+            await runtime.store.append_metric(runtime.name, encode_vector(M))
+            await runtime.ingest(X[6:], y[6:])
+        await until(lambda: writer.metric_puts == 1 and runtime.snapshot.version == 12)
+        return writer.offered_applied, runtime.snapshot.metric_puts, runtime.snapshot.L
+
+    offered, puts, L = run_with_runtime(redis_url, body)
+    assert puts == 1
+    assert offered <= 1  # the first append at most; the second came after the replacement
+    ref = Learner(CONFIG)
+    ref.learn_many(X[:6], y[:6])
+    ref.set_metric(M)
+    ref.learn_many(X[6:], y[6:])
+    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
