@@ -107,12 +107,26 @@ class ThresholdCalibrator:
         self._cached = (self._count, result)
         return result
 
+    def ring(self) -> tuple[Array, int]:
+        """A copy of the window as held (a ring buffer, not oldest first) and the count of
+        pairs seen: :meth:`to_state`'s window is ``in_order(ring, count, self.window)``,
+        made when needed (copying is cheap; ordering allocates twice).
+
+        >>> cal = ThresholdCalibrator(window=2)
+        >>> for p in (1.0, 2.0, 3.0):
+        ...     cal.observe(p, 10 * p)
+        >>> ring, count = cal.ring()
+        >>> ring[:, 0].tolist(), in_order(ring, count, cal.window)[:, 0].tolist()
+        ([3.0, 2.0], [2.0, 3.0])
+        """
+        return self._window().copy(), self._count
+
     def to_state(self) -> tuple[Array, dict[str, Any]]:
         """The window (oldest first) and JSON-safe metadata."""
-        n = min(self._count, self.window)
-        start = self._count % self.window if self._count > self.window else 0
-        ordered = np.roll(self._pairs, -start, axis=0)[:n].copy()
-        return ordered, {"window": self.window, "count": self._count}
+        return in_order(self._window(), self._count, self.window), {
+            "window": self.window,
+            "count": self._count,
+        }
 
     @classmethod
     def from_state(cls, pairs: Array, meta: dict[str, Any]) -> ThresholdCalibrator:
@@ -127,3 +141,10 @@ class ThresholdCalibrator:
         cal._pairs = np.roll(cal._pairs, start, axis=0)
         cal._count = count
         return cal
+
+
+def in_order(ring: Array, count: int, window: int) -> Array:
+    """The pairs of a window's ring (:meth:`ThresholdCalibrator.ring`), oldest first (a new
+    array); ``count`` pairs were seen, at most ``window`` kept."""
+    start = count % window if count > window else 0
+    return np.roll(ring, -start, axis=0)

@@ -21,7 +21,7 @@ import numpy as np
 
 from service.core import Calibration, Learner, LearnerConfig, Stability
 from service.core._validation import Array
-from service.core.calibration import ThresholdCalibrator
+from service.core.calibration import ThresholdCalibrator, in_order
 from service.storage.codec import StreamId
 
 
@@ -49,10 +49,11 @@ class Snapshot:
     have their own step machinery), JSON-safe, made once per snapshot. ``stability``: the
     learner's step-mass diagnostics (not a bound).
 
-    ``metric`` and ``calibration`` are made when first read, from the copies of ``L`` and of the
-    calibration window taken here: the writer publishes a snapshot after every batch, and with
-    one sample per request most are never read, while building both (a learner, and sorting the
-    window for the EER) cost ~250 us per batch, more than learning the sample.
+    ``metric``, ``calibration``, the ordered ``window``, ``frobenius_norm`` and ``hinge_loss``
+    are made when first read, from the copies of ``L`` and of the calibration window (as the
+    learner's ring holds it) taken here: the writer publishes a snapshot after every batch, and
+    with one sample per request most are never read, while building them (a learner, ordering
+    and sorting the window for the EER) costs more than learning the sample.
 
     >>> from service.core import LearnerConfig
     >>> snap = Snapshot.of(Learner(LearnerConfig(dim=2)), (0, 0), 0)
@@ -65,8 +66,6 @@ class Snapshot:
     counts: dict[str, int]
     classes: int
     metric_puts: int
-    frobenius_norm: float
-    hinge_loss: float | None
     stability: Stability
     margin: float
     health: dict[str, Any] | None
@@ -74,34 +73,54 @@ class Snapshot:
     effective: dict[str, float | None] | None
     config: LearnerConfig
     L: Array = field(repr=False)
-    window: Array = field(repr=False)
-    window_meta: dict[str, Any] = field(repr=False)
+    #: The calibration window as the learner held it (a ring), the pairs seen, its size.
+    ring: Array = field(repr=False)
+    pairs_seen: int = field(repr=False)
+    window_size: int = field(repr=False)
 
     @classmethod
     def of(cls, learner: Learner, applied: StreamId, metric_puts: int) -> Snapshot:
         """A snapshot of ``learner`` as of log position ``applied`` (copies ``L``)."""
-        L = learner.L.copy()
-        window, meta = learner.calibrator.to_state()
-        margin = learner.margin
-        hinge = np.maximum(margin + window[:, 0] - window[:, 1], 0.0)  # Eq. 4
+        ring, seen = learner.calibrator.ring()
         return cls(
             version=learner.version,
             applied=applied,
             counts=learner.counts,
             classes=learner.n_classes,
             metric_puts=metric_puts,
-            frobenius_norm=float(np.linalg.norm(L)),
-            hinge_loss=float(hinge.mean()) if len(hinge) else None,
             stability=learner.stability(),
-            margin=margin,
+            margin=learner.margin,
             health=learner.health,
             race=learner.race,
             effective=learner.effective,
             config=learner.config,
-            L=L,
-            window=window,
-            window_meta=meta,
+            L=learner.L.copy(),
+            ring=ring,
+            pairs_seen=seen,
+            window_size=learner.calibrator.window,
         )
+
+    @cached_property
+    def window(self) -> Array:
+        """The calibration window, oldest first."""
+        return in_order(self.ring, self.pairs_seen, self.window_size)
+
+    @cached_property
+    def window_meta(self) -> dict[str, Any]:
+        """The window's JSON-safe metadata (:meth:`ThresholdCalibrator.to_state`)."""
+        return {"window": self.window_size, "count": self.pairs_seen}
+
+    @cached_property
+    def frobenius_norm(self) -> float:
+        """``||L||_F``."""
+        return float(np.linalg.norm(self.L))
+
+    @cached_property
+    def hinge_loss(self) -> float | None:
+        """Mean hinge ``max(0, margin + d_pos - d_neg)`` (Eq. 4) over the window (None: empty)."""
+        window = self.window
+        hinge = np.maximum(self.margin + window[:, 0] - window[:, 1], 0.0)
+        return float(hinge.mean()) if len(hinge) else None
 
     @cached_property
     def metric(self) -> Learner:

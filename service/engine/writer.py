@@ -36,9 +36,9 @@ change.
 
 It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
 when the registry relays an append made through another process (the model's
-``opml:appended:<name>`` pub/sub channel), and at the latest every ``OPML_POLL_INTERVAL_S``. If it finds a checkpoint
-past its own position, another process has taken the model over: it stops applying and gives
-the lease up (the registry then drops it).
+``opml:appended:<name>`` pub/sub channel), and at the latest every ``OPML_POLL_INTERVAL_S``.
+If it finds a checkpoint past its own position, another process has taken the model over: it
+stops applying and gives the lease up (the registry then drops it).
 
 Certificates (:mod:`service.engine.certify`) read the learner's held-out state under the
 writer's learning lock, so it matches the published snapshot; with ``OPML_CERTIFICATE_EVERY``
