@@ -43,11 +43,18 @@ import httpx
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info, suffixed
+from benchmarks.common import (
+    RESULTS_DIR,
+    command_line,
+    machine_block,
+    machine_info,
+    suffixed,
+    thread_cpu,
+)
 from benchmarks.loadgen import RawPool, open_loop, summary
-from benchmarks.service_load import Service, thread_cpu
 from service.core import normalize_rows
 from service.core.gallery import OVERSAMPLE, TransformedGallery, refresh_method
+from service.launcher import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 D = 128
@@ -250,7 +257,7 @@ def loadgen_ws(
 
 
 def measure_service(tmp: Path, sizes: list[int], plan: dict[str, float]) -> dict[str, Any]:
-    service = Service(tmp / "service").start()
+    service = ServiceProcess(tmp / "service").start(180)
     results: dict[str, Any] = {}
     try:
         with httpx.Client(base_url=service.url, timeout=120) as client:
@@ -321,7 +328,7 @@ def measure_service(tmp: Path, sizes: list[int], plan: dict[str, float]) -> dict
                 }
                 client.delete(f"/v1/models/{model}")
     finally:
-        service.stop()
+        service.close()
     return results
 
 

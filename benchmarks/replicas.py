@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -43,11 +42,9 @@ from benchmarks.common import (
     command_line,
     machine_block,
     machine_info,
-    start_service,
-    stop_process,
     suffixed,
 )
-from service.storage.embedded import free_port
+from service.launcher import ServiceProcess
 from service.storage.keys import ModelKeys
 from tests.service.cluster import LocalCluster
 from tests.service.support import RedisServer
@@ -69,21 +66,15 @@ def loadgen(url: str, kind: str, *args: str | int | float) -> dict[str, Any]:
     return result
 
 
-def start(tmp: Path, redis_url: str, **env: str) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    data = tmp / f"service-{port}"
-    data.mkdir(parents=True)
-    full = {**os.environ, "OPML_PORT": str(port), "OPML_DATA_DIR": str(data),
-            "OPML_LOG_LEVEL": "warning", "OPML_REDIS_URL": redis_url, **env}  # fmt: skip
-    proc = start_service(full, ROOT, data / "service.log", timeout=120)
-    return proc, f"http://127.0.0.1:{port}"
+def start(tmp: Path, name: str, redis_url: str, **env: str) -> ServiceProcess:
+    return ServiceProcess(tmp / name, redis_url, OPML_LOG_LEVEL="warning", **env).start(120)
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="opml-replicas-"))
     server = RedisServer(tmp / "single").start()
     cluster = LocalCluster(tmp / "cluster").start()
-    procs: list[subprocess.Popen[bytes]] = []
+    services: list[ServiceProcess] = []
     try:
         model = "bench"
         other = next(m for m in cluster.masters() if m != cluster.master_of(ModelKeys(model).meta))
@@ -93,8 +84,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             ("cluster", other.url, {}),
             ("wait1", other.url, {"OPML_REDIS_WAIT_REPLICAS": "1"}),
         ):
-            proc, urls[setup] = start(tmp, redis_url, **env)
-            procs.append(proc)
+            services.append(start(tmp, setup, redis_url, **env))
+            urls[setup] = services[-1].url
         for setup in ("single", "cluster"):  # wait1 shares the cluster's model
             body = {"name": model, "dim": DIM, "normalize": "l2"}
             httpx.post(f"{urls[setup]}/v1/models", json=body, timeout=30).raise_for_status()
@@ -115,8 +106,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 print(setup, runs[setup][-1], flush=True)
         return {"runs": runs, "rate": args.rate, "seconds": args.seconds, "rounds": args.rounds}
     finally:
-        for proc in procs:
-            stop_process(proc)
+        for service in services:
+            service.close()
         cluster.stop()
         server.stop()
 
