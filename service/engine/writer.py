@@ -76,7 +76,6 @@ from service.storage.codec import (
     after,
     decode_entry,
     decode_vector,
-    encode_labels,
     entry_flags,
     format_id,
 )
@@ -200,7 +199,7 @@ class Writer:
         applied without a read when it is the log's next entry (see the module docstring)."""
         if appended.puts < 0 or len(self._offered) >= MAX_OFFERED:
             return
-        fields = {b"n": b"%d" % len(group.keys), b"x": group.x, b"y": encode_labels(group.keys)}
+        fields = {b"n": b"%d" % len(group.keys), b"x": group.x, b"y": group.labels}
         if group.holdout:
             fields[b"h"] = group.holdout
         self._offered[appended.first_seq] = (appended.puts, ((appended.last_seq, 1), fields))

@@ -49,6 +49,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
@@ -353,6 +354,12 @@ class Group:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    @cached_property
+    def labels(self) -> bytes:
+        """The keys as the log entry's ``y`` (:func:`~service.storage.codec.encode_labels`),
+        encoded once for the append and the writer (:meth:`service.engine.writer.Writer.offer`)."""
+        return encode_labels(self.keys)
 
 
 @dataclass(frozen=True)
@@ -776,7 +783,7 @@ class Store:
                 raise ValueError("groups: a group has at least one sample")
             distinct = list(dict.fromkeys(group.keys))
             args += [group.idempotency_field, group.fingerprint, len(group.keys), group.x,
-                     encode_labels(group.keys), group.holdout, len(distinct),
+                     group.labels, group.holdout, len(distinct),
                      *distinct]  # fmt: skip
         out = await self._run_replicated(
             self._append,

@@ -115,7 +115,7 @@ async def stream_samples(websocket: WebSocket, name: str, models: WsModelsDep) -
 
 
 #: A frame in flight: receipt time, and the task that appends it and makes its answer.
-_InFlight = tuple[float, "asyncio.Task[dict[str, Any]]"]
+_InFlight = tuple[float, "asyncio.Task[str | dict[str, Any]]"]
 
 
 async def _read_frames(
@@ -143,8 +143,9 @@ async def _read_frames(
 
 async def _answer(
     runtime: ModelRuntime, frame_id: Any, frame: StreamFrame | BinaryFrame | ServiceError
-) -> dict[str, Any]:
-    """Append one frame; its ``ack`` or ``error`` answer."""
+) -> str | dict[str, Any]:
+    """Append one frame; its ``ack`` (the frame's text, made directly: one per frame) or its
+    ``error`` answer (a dict)."""
     try:
         if isinstance(frame, ServiceError):
             raise frame
@@ -156,22 +157,20 @@ async def _answer(
             items = frame.as_samples()
             loc = ["samples"] if frame.samples is not None else []
             indexed = frame.samples is not None
+        id_json = json.dumps(frame.id)
         result = await ingest(
             runtime,
             items,
             loc=loc,
             indexed=indexed,
             transport="ws",
-            idempotency_field="w:" + json.dumps(frame.id),
+            idempotency_field="w:" + id_json,
         )
-        answer: dict[str, Any] = {
-            "ack": frame.id,
-            "first_seq": result.first_seq,
-            "last_seq": result.last_seq,
-        }
-        if result.replayed:
-            answer["replayed"] = True
-        return answer
+        replayed = ',"replayed":true' if result.replayed else ""
+        return (
+            f'{{"ack":{id_json},"first_seq":{result.first_seq},'
+            f'"last_seq":{result.last_seq}{replayed}}}'
+        )
     except ServiceError as exc:
         return {"error": problem(exc), "id": frame_id}
     except RedisError as exc:
@@ -183,8 +182,12 @@ async def _send_acks(websocket: WebSocket, window: asyncio.Queue[_InFlight]) -> 
     while True:
         received, task = await window.get()
         answer = await task
-        await websocket.send_json(answer)
-        outcome = "error" if "error" in answer else "ack"
+        if isinstance(answer, str):
+            await websocket.send_text(answer)
+            outcome = "ack"
+        else:
+            await websocket.send_json(answer)
+            outcome = "error"
         telemetry.WS_FRAME[outcome].observe(time.perf_counter() - received)
 
 
