@@ -131,14 +131,18 @@ class ThresholdCalibrator:
     @classmethod
     def from_state(cls, pairs: Array, meta: dict[str, Any]) -> ThresholdCalibrator:
         """Inverse of :meth:`to_state`."""
-        cal = cls(int(meta["window"]))
-        count = int(meta["count"])
+        window, count = int(meta["window"]), int(meta["count"])
         pairs = np.asarray(pairs, dtype=np.float64).reshape(-1, 2)
-        if len(pairs) != min(count, cal.window):
+        start = count % window if count > window else 0
+        return cls.from_ring(np.roll(pairs, start, axis=0), count, window)
+
+    @classmethod
+    def from_ring(cls, ring: Array, count: int, window: int) -> ThresholdCalibrator:
+        """Inverse of :meth:`ring` (``window``: its size): no reordering needed."""
+        cal = cls(window)
+        if len(ring) != min(count, cal.window):
             raise ValueError("calibration: window length does not match its count")
-        start = count % cal.window if count > cal.window else 0
-        cal._pairs[: len(pairs)] = pairs
-        cal._pairs = np.roll(cal._pairs, start, axis=0)
+        cal._pairs[: len(ring)] = ring
         cal._count = count
         return cal
 

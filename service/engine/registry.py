@@ -17,13 +17,13 @@ when its leases expire (within the TTL).
 
 Appends made through any process but the model's owner are announced on the model's own
 pub/sub channel (``opml:appended:<name>``) by the append script itself (the owner wakes its
-writer directly). The listener here subscribes to the
-channels of the models this process learns or should learn, and to no others (an append costs
-one notification in the whole deployment, not one per process); it wakes the owner's writer at
-once, and also retries the take-over of a model whose previous owner just released it. The
-subscriptions follow placement (recomputed when it may have changed, looked at every
-:data:`_LISTEN_TICK_S`); a subscription's confirmation wakes the model's writer too, so an
-append made before it took effect is read then, not at the writer's next poll.
+writer directly). The listener here subscribes to the channels of the models this process
+learns or should learn, and to no others (an append costs one notification in the whole
+deployment, not one per process); it wakes the owner's writer at once, and also retries the
+take-over of a model whose previous owner just released it. The subscriptions follow
+placement (recomputed when it may have changed, looked at every :data:`_LISTEN_TICK_S`); a
+subscription's confirmation wakes the model's writer too, so an append made before it took
+effect is read then, not at the writer's next poll.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from service.engine.membership import Membership
 from service.engine.runtime import ModelRuntime
 from service.engine.tasks import stop_task
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
-from service.storage.keys import APPENDED, appended_channel
+from service.storage.keys import appended_channel, name_of_channel
 from service.storage.store import Store
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ class Registry:
                         message = await pubsub.get_message(timeout=_LISTEN_TICK_S)
                         if message is None or message["type"] not in ("message", "subscribe"):
                             continue
-                        self._appended(message["channel"].decode()[len(APPENDED) + 1 :])
+                        self._appended(name_of_channel(message["channel"]))
             except RedisError as exc:  # the writers still poll; resubscribe shortly
                 log.debug("append notifications interrupted (%s); resubscribing", exc)
                 await self._pause(1.0)

@@ -49,11 +49,11 @@ class Snapshot:
     have their own step machinery), JSON-safe, made once per snapshot. ``stability``: the
     learner's step-mass diagnostics (not a bound).
 
-    ``metric``, ``calibration``, the ordered ``window``, ``frobenius_norm`` and ``hinge_loss``
+    ``metric``, ``calibration``, ``frobenius_norm`` and ``hinge_loss``
     are made when first read, from the copies of ``L`` and of the calibration window (as the
     learner's ring holds it) taken here: the writer publishes a snapshot after every batch, and
-    with one sample per request most are never read, while building them (a learner, ordering
-    and sorting the window for the EER) costs more than learning the sample.
+    with one sample per request most are never read, while building them (a learner, sorting
+    the window for the EER) costs more than learning the sample.
 
     >>> from service.core import LearnerConfig
     >>> snap = Snapshot.of(Learner(LearnerConfig(dim=2)), (0, 0), 0)
@@ -101,16 +101,6 @@ class Snapshot:
         )
 
     @cached_property
-    def window(self) -> Array:
-        """The calibration window, oldest first."""
-        return in_order(self.ring, self.pairs_seen, self.window_size)
-
-    @cached_property
-    def window_meta(self) -> dict[str, Any]:
-        """The window's JSON-safe metadata (:meth:`ThresholdCalibrator.to_state`)."""
-        return {"window": self.window_size, "count": self.pairs_seen}
-
-    @cached_property
     def frobenius_norm(self) -> float:
         """``||L||_F``."""
         return float(np.linalg.norm(self.L))
@@ -118,7 +108,7 @@ class Snapshot:
     @cached_property
     def hinge_loss(self) -> float | None:
         """Mean hinge ``max(0, margin + d_pos - d_neg)`` (Eq. 4) over the window (None: empty)."""
-        window = self.window
+        window = in_order(self.ring, self.pairs_seen, self.window_size)  # summed oldest first
         hinge = np.maximum(self.margin + window[:, 0] - window[:, 1], 0.0)
         return float(hinge.mean()) if len(hinge) else None
 
@@ -132,7 +122,9 @@ class Snapshot:
     @cached_property
     def calibration(self) -> Calibration:
         """The EER calibration of this snapshot's window."""
-        return ThresholdCalibrator.from_state(self.window, self.window_meta).calibration()
+        return ThresholdCalibrator.from_ring(
+            self.ring, self.pairs_seen, self.window_size
+        ).calibration()
 
 
 class SnapshotBoard:

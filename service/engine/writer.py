@@ -199,10 +199,8 @@ class Writer:
         applied without a read when it is the log's next entry (see the module docstring)."""
         if appended.puts < 0 or len(self._offered) >= MAX_OFFERED:
             return
-        fields = {b"n": b"%d" % len(group.keys), b"x": group.x, b"y": group.labels}
-        if group.holdout:
-            fields[b"h"] = group.holdout
-        self._offered[appended.first_seq] = (appended.puts, ((appended.last_seq, 1), fields))
+        entry = ((appended.last_seq, 1), group.entry_fields())
+        self._offered[appended.first_seq] = (appended.puts, entry)
 
     def _next_offered(self, count: int) -> Entries:
         """The offered entries that certainly follow the applied state in the log (at most

@@ -36,6 +36,19 @@ def appended_channel(name: str) -> str:
     return f"{APPENDED}:{name}"
 
 
+def name_of_channel(channel: bytes) -> str:
+    """The model name of a channel made by :func:`appended_channel`.
+
+    >>> name_of_channel(b"opml:appended:faces")
+    'faces'
+    """
+    text = channel.decode()
+    head = f"{APPENDED}:"
+    if not text.startswith(head):
+        raise ValueError(f"channel: {text!r} is not a model's append channel")
+    return text[len(head) :]
+
+
 #: SCAN pattern of every model's meta hash (``{`` and ``}`` are literal in Redis patterns).
 META_PATTERN = f"{PREFIX}:{{*}}:meta"
 

@@ -358,8 +358,17 @@ class Group:
     @cached_property
     def labels(self) -> bytes:
         """The keys as the log entry's ``y`` (:func:`~service.storage.codec.encode_labels`),
-        encoded once for the append and the writer (:meth:`service.engine.writer.Writer.offer`)."""
+        encoded once for the append script and :meth:`entry_fields`."""
         return encode_labels(self.keys)
+
+    def entry_fields(self) -> dict[bytes, bytes]:
+        """The fields of the log entry the append script (``_APPEND``'s XADD) makes of this
+        group, as a read of the log returns them (the writer applies an append of its own
+        process from these, :meth:`service.engine.writer.Writer.offer`)."""
+        fields = {b"n": b"%d" % len(self.keys), b"x": self.x, b"y": self.labels}
+        if self.holdout:
+            fields[b"h"] = self.holdout
+        return fields
 
 
 @dataclass(frozen=True)
