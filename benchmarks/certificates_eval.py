@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -66,10 +65,18 @@ from benchmarks.common import (
     knn_error,
     machine_block,
     machine_info,
+    skipped_lines,
     suffixed,
+    write_results,
     zscore,
 )
-from benchmarks.datasets import LOADERS, DataMissingError, load, load_digits, load_waveform
+from benchmarks.datasets import (
+    LOADERS,
+    load,
+    load_digits,
+    load_waveform,
+    present,
+)
 from service.core import Learner, LearnerConfig, NotEnoughHeldOut, normalize_rows
 from service.core.certificates import (
     QUANTITIES,
@@ -420,16 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     names = [n.strip() for n in args.datasets.split(",") if n.strip()]
     pb_names = {n.strip() for n in args.pac_bayes.split(",") if n.strip()}
-    skipped: dict[str, str] = {}
-    available = []
-    for name in names:
-        try:
-            load_set(name)
-        except DataMissingError as exc:
-            skipped[name] = str(exc)
-            print(f"skipping {name}: {exc}")
-            continue
-        available.append(name)
+    available, skipped = present(names, load_set)
     tasks = [
         (name, args.seed + s, args.delta, args.test_draws, name in pb_names)
         for name in available
@@ -588,45 +586,37 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"| {str(cell['joint_covered']) + '/' + str(n_ok) if i == 0 else ''} |"
                 )
         md.append("")
-    if skipped:
-        md += ["Skipped (data missing):", ""]
-        md += [f"- {n}: {msg}" for n, msg in skipped.items()]
-        md.append("")
+    md += skipped_lines(skipped)
     md += [
         f"Raw per-split numbers: `{args.out.name}.json`. Chart: `{args.out.name}.png` (means "
         "over splits: binomial and kl bounds, held-out rate, test rate).",
         "",
     ]
-    text = "\n".join(md)
-    print(text)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    suffixed(args.out, ".md").write_text(text, encoding="utf-8")
-    suffixed(args.out, ".json").write_text(
-        json.dumps(
-            {
-                "command": command,
-                "machine": info,
-                "settings": {
-                    "splits": args.splits,
-                    "seed": args.seed,
-                    "delta": args.delta,
-                    "holdouts": HOLDOUTS,
-                    "methods": CERT_METHODS,
-                    "test_draws": args.test_draws,
-                    "pac_bayes_sets": sorted(pb_names & set(available)),
-                    "prior_share": PRIOR_SHARE,
-                    "learner": "LearnerConfig defaults (copml, normalize none)",
-                },
-                "shapes": shapes,
-                "summary": summary,
-                "verdict": verdict,
-                "skipped": skipped,
-                "seconds": elapsed,
-                "per_split": per_split,
+    print("\n".join(md))
+    write_results(
+        args.out,
+        md,
+        {
+            "command": command,
+            "machine": info,
+            "settings": {
+                "splits": args.splits,
+                "seed": args.seed,
+                "delta": args.delta,
+                "holdouts": HOLDOUTS,
+                "methods": CERT_METHODS,
+                "test_draws": args.test_draws,
+                "pac_bayes_sets": sorted(pb_names & set(available)),
+                "prior_share": PRIOR_SHARE,
+                "learner": "LearnerConfig defaults (copml, normalize none)",
             },
-            indent=1,
-        ),
-        encoding="utf-8",
+            "shapes": shapes,
+            "summary": summary,
+            "verdict": verdict,
+            "skipped": skipped,
+            "seconds": elapsed,
+            "per_split": per_split,
+        },
     )
     plot(
         summary,

@@ -8,6 +8,7 @@ service with :class:`service.launcher.ServiceProcess`.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import platform
 import shlex
@@ -268,6 +269,20 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 def suffixed(stem: Path, suffix: str) -> Path:
     """``stem`` with ``suffix`` appended (not ``with_suffix``: stems may contain dots)."""
     return stem.with_name(stem.name + suffix)
+
+
+def skipped_lines(skipped: dict[str, str]) -> list[str]:
+    """The report's list of data sets left out for missing data (none: no lines)."""
+    if not skipped:
+        return []
+    return ["Skipped (data missing):", "", *(f"- {n}: {m}" for n, m in skipped.items()), ""]
+
+
+def write_results(out: Path, md: list[str], data: dict[str, Any]) -> None:
+    """``out``.md (the report's lines) and ``out``.json (``data``, one-space indent)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    suffixed(out, ".md").write_text("\n".join(md), encoding="utf-8")
+    suffixed(out, ".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 
 def fmt(mean: float, std: float) -> str:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +59,24 @@ PAPER_SHAPES: dict[str, tuple[int, int, int]] = {
 
 class DataMissingError(RuntimeError):
     """A data set's files are not on this machine; the message says how to get them."""
+
+
+def present(
+    names: Iterable[str], load: Callable[[str], object]
+) -> tuple[list[str], dict[str, str]]:
+    """The ``names`` whose data ``load(name)`` finds, in order, and name -> why for the others
+    (each printed as it is skipped): a benchmark runs on what this machine has."""
+    available: list[str] = []
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            load(name)
+        except DataMissingError as exc:
+            skipped[name] = str(exc)
+            print(f"skipping {name}: {exc}")
+            continue
+        available.append(name)
+    return available, skipped
 
 
 def _encode(labels: NDArray[np.generic]) -> NDArray[np.int64]:

@@ -27,7 +27,6 @@ Run from the repository root (about 25 minutes on 2 cores)::
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -48,10 +47,11 @@ from benchmarks.common import (
     machine_block,
     machine_info,
     make_learner,
-    suffixed,
+    skipped_lines,
+    write_results,
     zscore,
 )
-from benchmarks.datasets import LOADERS, DataMissingError, load_segment
+from benchmarks.datasets import LOADERS, DataMissingError, load_segment, present
 from benchmarks.table2 import PAPER, cached_load
 from benchmarks.table4 import PAPER as PAPER4
 from benchmarks.table4 import cold_start_split
@@ -432,15 +432,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "gamma_grid", help="file stem")
     args = parser.parse_args(argv)
 
-    names: list[str] = []
-    skipped: dict[str, str] = {}
-    for name in (n.strip() for n in args.datasets.split(",") if n.strip()):
-        try:
-            cached_load(name)
-            names.append(name)
-        except DataMissingError as exc:
-            skipped[name] = str(exc)
-            print(f"skipping {name}: {exc}")
+    names, skipped = present(
+        (n.strip() for n in args.datasets.split(",") if n.strip()), cached_load
+    )
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     parts_list = [int(p) for p in args.parts.split(",") if p.strip()]
     try:
@@ -543,36 +537,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         table_b,
         "",
     ]
-    if skipped:
-        md += ["Skipped (data missing):", "", *(f"- {n}: {m}" for n, m in skipped.items()), ""]
+    md += skipped_lines(skipped)
     md += ["## Reading (computed from the tables above)", "", *computed, ""]
     if NOTES:
         md += ["## Notes", "", *NOTES, ""]
     md += [f"Raw per-split errors: `{args.out.name}.json`.", ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    suffixed(args.out, ".md").write_text("\n".join(md), encoding="utf-8")
-    suffixed(args.out, ".json").write_text(
-        json.dumps(
-            {
-                "command": command,
-                "machine": info,
-                "settings": {
-                    "splits": args.splits,
-                    "reps": args.reps,
-                    "seed": args.seed,
-                    "layouts": layouts,
-                    "parts": parts_list,
-                },
-                "best": best,
-                "table2_protocol": errors_a,
-                "table4_protocol": {
-                    lay: {str(p): v for p, v in per.items()} for lay, per in errors_b.items()
-                },
-                "seconds": elapsed,
+    write_results(
+        args.out,
+        md,
+        {
+            "command": command,
+            "machine": info,
+            "settings": {
+                "splits": args.splits,
+                "reps": args.reps,
+                "seed": args.seed,
+                "layouts": layouts,
+                "parts": parts_list,
             },
-            indent=1,
-        ),
-        encoding="utf-8",
+            "best": best,
+            "table2_protocol": errors_a,
+            "table4_protocol": {
+                lay: {str(p): v for p, v in per.items()} for lay, per in errors_b.items()
+            },
+            "seconds": elapsed,
+        },
     )
     print(f"wrote {args.out}.md/.json")
     return 0

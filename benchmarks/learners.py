@@ -66,13 +66,13 @@ from benchmarks.common import (
 )
 from benchmarks.datasets import (
     LOADERS,
-    DataMissingError,
     load,
     load_australian,
     load_digits,
     load_pima,
     load_segment,
     load_vehicle,
+    present,
 )
 from benchmarks.table2 import PAPER
 from service.core import BRM, COPML, OPML, SGD, SGDPSD, Learner, LearnerConfig
@@ -223,14 +223,7 @@ def table2_task(args: tuple[str, int]) -> tuple[str, int, dict[str, dict[str, fl
 
 
 def run_table2(names: Sequence[str], splits: int, jobs: int) -> dict[str, Any]:
-    available, skipped = [], {}
-    for name in names:
-        try:
-            load_digits() if name == "digits" else load(name)
-            available.append(name)
-        except DataMissingError as exc:
-            skipped[name] = str(exc)
-            print(f"skipping {name}: {exc}")
+    available, skipped = present(names, lambda n: load_digits() if n == "digits" else load(n))
     tasks = [(name, s) for name in available for s in range(splits)]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(table2_task, tasks, chunksize=2))
@@ -441,13 +434,7 @@ def brm_task(args: tuple[str, int, bool]) -> tuple[str, int, dict[str, Any]]:
 
 
 def run_brm(trials: int, jobs: int, grid: bool) -> dict[str, Any]:
-    available, skipped = [], {}
-    for name in BRM_SETS:
-        try:
-            BRM_LOADERS[name]()
-            available.append(name)
-        except DataMissingError as exc:
-            skipped[name] = str(exc)
+    available, skipped = present(BRM_SETS, lambda n: BRM_LOADERS[n]())
     tasks = [(name, s, grid) for name in available for s in range(trials)]
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         results = list(pool.map(brm_task, tasks, chunksize=2))

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -63,10 +62,12 @@ from benchmarks.common import (
     machine_info,
     make_learner,
     mean_std,
+    skipped_lines,
     suffixed,
+    write_results,
     zscore,
 )
-from benchmarks.datasets import DataMissingError, load
+from benchmarks.datasets import load, present
 
 METHODS = ("euclidean", "paper", "default", "auto", "itml")
 LEARNERS = ("paper", "default", "auto")
@@ -389,15 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     kinds = [v for v in args.variants.split(",") if v]
     methods = [m for m in METHODS if m in args.methods.split(",")]
 
-    skipped: dict[str, str] = {}
+    available, skipped = present(names, dataset)
     tasks = []
-    for name in names:
-        try:
-            dataset(name)
-        except DataMissingError as exc:
-            skipped[name] = str(exc)
-            print(f"skipping {name}: {exc}")
-            continue
+    for name in available:
         large = name.startswith("gauss")
         splits = args.splits_large if large else args.splits
         constraints = args.itml_constraints if large else 2000
@@ -451,33 +446,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         *body,
         "",
     ]
-    if skipped:
-        md += ["Skipped (data missing):", "", *(f"- {n}: {m}" for n, m in skipped.items()), ""]
+    md += skipped_lines(skipped)
     if NOTES:
         md += ["## Notes", "", *NOTES, ""]
     md += [f"Per-split figures: `{args.out.name}.json`. Chart: `{args.out.name}.png`.", ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    suffixed(args.out, ".md").write_text("\n".join(md), encoding="utf-8")
-    suffixed(args.out, ".json").write_text(
-        json.dumps(
-            {
-                "command": command,
-                "machine": info,
-                "settings": {
-                    "splits": args.splits,
-                    "splits_large": args.splits_large,
-                    "itml_constraints_large": args.itml_constraints,
-                    "itml_max_dim": args.itml_max_dim,
-                    "seed": args.seed,
-                    "paper": PAPER_CONFIG.__dict__,
-                },
-                "verdict": verdict,
-                "runs": runs,
-                "seconds": elapsed,
+    write_results(
+        args.out,
+        md,
+        {
+            "command": command,
+            "machine": info,
+            "settings": {
+                "splits": args.splits,
+                "splits_large": args.splits_large,
+                "itml_constraints_large": args.itml_constraints,
+                "itml_max_dim": args.itml_max_dim,
+                "seed": args.seed,
+                "paper": PAPER_CONFIG.__dict__,
             },
-            indent=1,
-        ),
-        encoding="utf-8",
+            "verdict": verdict,
+            "runs": runs,
+            "seconds": elapsed,
+        },
     )
     plot(cells, methods, suffixed(args.out, ".png"))
     print(f"wrote {args.out}.md/.json/.png")

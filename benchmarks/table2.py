@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -60,10 +59,12 @@ from benchmarks.common import (
     machine_info,
     mean_std,
     method_errors,
+    skipped_lines,
     suffixed,
+    write_results,
     zscore,
 )
-from benchmarks.datasets import LOADERS, PAPER_SHAPES, DataMissingError, load
+from benchmarks.datasets import LOADERS, PAPER_SHAPES, load, present
 
 # Table II of the paper: (mean, std) of the 5-NN error for Euclidean, OPML, COPML.
 PAPER: dict[str, dict[str, tuple[float, float]]] = {
@@ -157,16 +158,7 @@ def run(
     jobs: int,
 ) -> tuple[dict[str, dict[str, list[float]]], dict[str, str]]:
     """Errors per data set and method (one entry per split), and the skipped data sets."""
-    skipped: dict[str, str] = {}
-    available: list[str] = []
-    for name in names:
-        try:
-            load(name)
-        except DataMissingError as exc:
-            skipped[name] = str(exc)
-            print(f"skipping {name}: {exc}")
-            continue
-        available.append(name)
+    available, skipped = present(names, load)
     errors: dict[str, dict[str, list[float]]] = {
         name: {m: [float("nan")] * splits for m in ALL_METHODS} for name in available
     }
@@ -414,10 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         *library_lines,
         "",
     ]
-    if skipped:
-        md += ["Skipped (data missing):", ""]
-        md += [f"- {n}: {msg}" for n, msg in skipped.items()]
-        md.append("")
+    md += skipped_lines(skipped)
     if NOTES:
         md += ["## Notes", ""]
         md += [f"- **{n}**: {text}" for n, text in NOTES.items()]
@@ -430,29 +419,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(solid = ours, hatched = paper; the last two bars: the library's default and auto).",
         "",
     ]
-    suffixed(args.out, ".md").write_text("\n".join(md), encoding="utf-8")
-    suffixed(args.out, ".json").write_text(
-        json.dumps(
-            {
-                "command": command,
-                "machine": info,
-                "settings": {
-                    "splits": args.splits,
-                    "seed": args.seed,
-                    "zscore": args.zscore,
-                    "k": 5,
-                    "tie_break": args.tie_break,
-                    **config.__dict__,
-                },
-                "paper": PAPER,
-                "summary": summary,
-                "skipped": skipped,
-                "seconds": elapsed,
-                "errors": errors,
+    write_results(
+        args.out,
+        md,
+        {
+            "command": command,
+            "machine": info,
+            "settings": {
+                "splits": args.splits,
+                "seed": args.seed,
+                "zscore": args.zscore,
+                "k": 5,
+                "tie_break": args.tie_break,
+                **config.__dict__,
             },
-            indent=1,
-        ),
-        encoding="utf-8",
+            "paper": PAPER,
+            "summary": summary,
+            "skipped": skipped,
+            "seconds": elapsed,
+            "errors": errors,
+        },
     )
     plot(summary, suffixed(args.out, ".png"), f"Table II, {args.splits} splits; {config.label()}")
     print(f"wrote {args.out}.md/.json/.png")

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -65,7 +64,7 @@ from benchmarks.common import (
     machine_info,
     mean_std,
     method_errors,
-    suffixed,
+    write_results,
     zscore,
 )
 from benchmarks.datasets import DataMissingError, load_segment
@@ -331,33 +330,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if NOTES:
         md += ["## Notes", "", *NOTES, ""]
     md += [f"Raw per-repetition figures: `{args.out.name}.json`.", ""]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    suffixed(args.out, ".md").write_text("\n".join(md), encoding="utf-8")
-    suffixed(args.out, ".json").write_text(
-        json.dumps(
-            {
-                "command": command,
-                "machine": info,
-                "settings": {
-                    "reps": args.reps,
-                    "seed": args.seed,
-                    "k": 5,
-                    "tie_break": args.tie_break,
-                    "layouts": layouts,
-                    **config.__dict__,
-                },
-                "paper": {str(k): v for k, v in PAPER.items()},
-                "summary": {
-                    layout: {str(k): v for k, v in per.items()} for layout, per in summary.items()
-                },
-                "seconds": elapsed,
-                "repetitions": {
-                    layout: {str(k): v for k, v in per.items()} for layout, per in raw.items()
-                },
+    write_results(
+        args.out,
+        md,
+        {
+            "command": command,
+            "machine": info,
+            "settings": {
+                "reps": args.reps,
+                "seed": args.seed,
+                "k": 5,
+                "tie_break": args.tie_break,
+                "layouts": layouts,
+                **config.__dict__,
             },
-            indent=1,
-        ),
-        encoding="utf-8",
+            "paper": {str(k): v for k, v in PAPER.items()},
+            "summary": {
+                layout: {str(k): v for k, v in per.items()} for layout, per in summary.items()
+            },
+            "seconds": elapsed,
+            "repetitions": {
+                layout: {str(k): v for k, v in per.items()} for layout, per in raw.items()
+            },
+        },
     )
     print(f"wrote {args.out}.md/.json")
     return 0
