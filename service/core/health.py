@@ -14,8 +14,10 @@ What is measured (inside the compiled learning loop, per step that changes ``L``
 * ``||L||_F``: tracked exactly after every update in O(d) from the step's scalars (the rank-two
   correction ``L + p u^T + q v^T`` has ``<L, p u^T> = u.(L^T p)`` and ``L u`` is a combination
   of ``p = L a`` and ``q = L b``), and re-measured in full every :data:`RESYNC` updates, and
-  whenever it shrank below 1/1000 of its last full measurement (the O(d) update's rounding
-  error is absolute), so that rounding cannot drift. ``growth`` is
+  whenever it shrank below 1/1000 of its last full measurement or of the absolute size of the
+  terms one step summed (the O(d) update's rounding error is absolute: a step much larger than
+  ``L``, with a huge ``gamma``, cancels down to far less than its terms), so that rounding
+  cannot drift. ``growth`` is
   ``log10(||L||_F / ||L_0||_F)`` against the metric the track started from (the identity, or
   the last ``set_metric``); ``growth_rate`` the same over the last complete window of
   :data:`GROWTH_WINDOW` updates.

@@ -168,7 +168,8 @@ MAX_GROWTH = 10.0
 STEP_CUT = 0.5
 #: ||L||_F^2 is re-measured in full every this many updates ...
 RESYNC = 128
-#: ... and whenever it fell below this fraction of its last full measurement.
+#: ... and whenever it fell below this fraction of its last full measurement, or of the
+#: absolute size of the terms one step summed to get it (see record_update).
 CANCELLATION = 1e-3
 
 _MAX_GROWTH2 = MAX_GROWTH * MAX_GROWTH
@@ -187,15 +188,20 @@ def fresh(L: Array, step_scale: float = 1.0, trips: float = 0.0) -> Array:
 
 
 @njit(**_JIT)  # type: ignore[untyped-decorator]
-def record_update(st: Array, L: Array, fro2: float, triplet: bool, ratio: float) -> None:
-    """Book one step that changed ``L`` (new ``||L||_F^2 = fro2``; ``ratio`` = step used /
-    step asked, below 1 for a shrunk step), and apply the policy."""
+def record_update(
+    st: Array, L: Array, fro2: float, terms: float, triplet: bool, ratio: float
+) -> None:
+    """Book one step that changed ``L`` (new ``||L||_F^2 = fro2``, the O(d) sum of terms whose
+    absolute values add up to ``terms``; ``ratio`` = step used / step asked, below 1 for a
+    shrunk step), and apply the policy."""
     updates = st[UPDATES] + 1.0
     st[UPDATES] = updates
     st[STEPS] += 1.0
-    # The O(d) update carries its rounding error in absolute terms, so once ||L||_F^2 has
-    # shrunk a lot since it was last measured the error is large relative to it: measure then.
-    if updates % RESYNC == 0.0 or fro2 < CANCELLATION * st[SYNCED]:
+    # The O(d) update carries its rounding error in absolute terms, relative to the size of
+    # what it summed: once ||L||_F^2 has shrunk a lot since it was last measured, or this one
+    # step's terms cancelled down to far less than their size (a step much larger than L, as
+    # with a huge gamma), the error is large relative to the result: measure then.
+    if updates % RESYNC == 0.0 or fro2 < CANCELLATION * max(st[SYNCED], terms):
         flat = L.ravel()
         fro2 = np.dot(flat, flat)
         st[SYNCED] = fro2
@@ -347,8 +353,11 @@ def _triplet(
     La, Lb = PT[0], PT[1]
     pq = np.dot(La, Lb)
     # ||L + p u^T + q v^T||_F^2 with L u = ua p + ub q, L v = va p + vb q (p = L a, q = L b).
-    fro2 = st[FRO2] + 2.0 * (ua * d_pos + (ub + va) * pq + vb * d_neg)
-    fro2 += d_pos * uu + d_neg * vv + 2.0 * pq * uv
+    cross = ua * d_pos + (ub + va) * pq + vb * d_neg
+    square = d_pos * uu + d_neg * vv + 2.0 * pq * uv
+    fro2 = st[FRO2] + 2.0 * cross + square
+    terms = st[FRO2] + 2.0 * (abs(ua) * d_pos + abs(ub + va) * abs(pq) + abs(vb) * d_neg)
+    terms += d_pos * uu + d_neg * vv + 2.0 * abs(pq * uv)
     for i in range(L.shape[0]):  # L += (L a) u^T + (L b) v^T: both rank-one updates, one pass
         p, q = La[i], Lb[i]
         row = L[i]
@@ -356,7 +365,7 @@ def _triplet(
             row[j] += p * u[j] + q * v[j]
     st[BOUND] = new_bound
     out[3] = used
-    record_update(st, L, fro2, True, ratio)
+    record_update(st, L, fro2, terms, True, ratio)
     return code
 
 
@@ -384,6 +393,7 @@ def _pair(
         return SKIPPED
     # <L, Ld delta^T> = d_pos; (coef d_pos)(coef dd), as coef^2 alone may underflow.
     fro2 = st[FRO2] - 2.0 * coef * d_pos + (coef * d_pos) * (coef * dd)
+    terms = st[FRO2] + 2.0 * coef * d_pos + (coef * d_pos) * (coef * dd)
     for i in range(L.shape[0]):
         p = coef * Ld[i]
         row = L[i]
@@ -391,7 +401,7 @@ def _pair(
             row[j] -= p * delta[j]
     st[BOUND] = new_bound
     out[3] = used
-    record_update(st, L, fro2, False, 1.0)
+    record_update(st, L, fro2, terms, False, 1.0)
     return PAIR_UPDATE
 
 

@@ -85,6 +85,23 @@ def test_frobenius_norm_is_tracked_exactly(step: str) -> None:
     )
 
 
+@pytest.mark.parametrize("dim", [1, 2])
+def test_frobenius_norm_is_tracked_when_a_huge_step_cancels_it_down(dim: int) -> None:
+    """gamma = 1e6 (paper rule): a step much larger than L, whose O(d) terms cancel down to far
+    less than their size; the tracked norm once stayed ~1e-7 while ||L||_F was ~1e-18 (found
+    by the property test in CI). Now such a step is measured in full."""
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        config = LearnerConfig(
+            dim=dim, algorithm="opml", step="paper", gamma=1e6, margin=1e-6, normalize="l2"
+        )
+        learner = Learner(config)
+        learner.learn_many(rng.normal(size=(60, dim)) * 1e-150, rng.integers(0, 8, 60).tolist())
+        health = learner.health
+        assert health is not None
+        assert health["frobenius_norm"] == pytest.approx(np.linalg.norm(learner.L), rel=1e-6)
+
+
 def test_healthy_default_streams_never_trip() -> None:
     from sklearn.datasets import load_digits, load_iris, load_wine
 
