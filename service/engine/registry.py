@@ -149,21 +149,24 @@ class Registry:
         self._placed += 1  # members may have come or gone
 
     async def _place(self, runtime: ModelRuntime) -> None:
-        """Keep, hand over or take one model, as membership says."""
-        wanted = self.membership.should_own(runtime.name)
-        if runtime.writer is not None:
-            if not wanted:
-                log.info(
-                    "%s: handing over to %s", runtime.name, self.membership.owner_of(runtime.name)
-                )
-                await runtime.deactivate(checkpoint=True)
-            elif not await runtime.claim() and not runtime.lease.held:
-                await runtime.deactivate(checkpoint=False)  # lost (fenced, or expired)
-        elif wanted:
-            self._tried[runtime.name] = time.monotonic()
-            if await runtime.claim():
-                runtime.activate()
-                self._placed += 1
+        """Keep, hand over or take one model, as membership says (nothing once the model is
+        closed or the registry is closing: see ``ModelRuntime.placing``)."""
+        async with runtime.placing:
+            if runtime.closed or self._closing.is_set():
+                return
+            wanted = self.membership.should_own(runtime.name)
+            if runtime.writer is not None:
+                if not wanted:
+                    owner = self.membership.owner_of(runtime.name)
+                    log.info("%s: handing over to %s", runtime.name, owner)
+                    await runtime.deactivate(checkpoint=True)
+                elif not await runtime.claim() and not runtime.lease.held:
+                    await runtime.deactivate(checkpoint=False)  # lost (fenced, or expired)
+            elif wanted:
+                self._tried[runtime.name] = time.monotonic()
+                if await runtime.claim():
+                    runtime.activate()
+                    self._placed += 1
 
     async def _sync_registry(self) -> None:
         """Follow the models created and deleted through other processes."""
@@ -261,7 +264,7 @@ class Registry:
             await stop_task(task)
         with contextlib.suppress(RedisError):
             await self.membership.leave()
-        await asyncio.gather(*(rt.deactivate(checkpoint=True) for rt in self.runtimes.values()))
+        await asyncio.gather(*(_hand_back(rt) for rt in self.runtimes.values()))
 
     # -- the models ----------------------------------------------------------------------------
 
@@ -337,11 +340,12 @@ class Registry:
                 raise Conflict(f"model {name!r} already exists")
             runtime = self._runtime(name, config, created_at)
             self.runtimes[name] = runtime
-            with contextlib.suppress(RedisError):  # else the placement loop takes it
-                if await runtime.claim():
-                    runtime.activate()
-                    self._placed += 1
-                    await runtime.caught_up()
+            async with runtime.placing:
+                with contextlib.suppress(RedisError):  # else the placement loop takes it
+                    if await runtime.claim():
+                        runtime.activate()
+                        self._placed += 1
+            await runtime.caught_up()
             return runtime
 
     async def delete(self, name: str) -> None:
@@ -350,6 +354,12 @@ class Registry:
             runtime = self.get(name)
             await self._drop(runtime)
             await self.store.delete_model(name)
+
+
+async def _hand_back(runtime: ModelRuntime) -> None:
+    """The service stops: final checkpoint and release (after any placement in progress)."""
+    async with runtime.placing:
+        await runtime.deactivate(checkpoint=True)
 
 
 def _log_failure(task: asyncio.Task[None]) -> None:

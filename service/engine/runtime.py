@@ -147,6 +147,10 @@ class ModelRuntime:
             announce=lambda: self.writer is None,
         )
         self.closed = False  # deleted (or the service is stopping)
+        #: Held while the model is taken, kept, handed over or closed (the registry's placement
+        #: and a delete): one of them at a time, so a placement round that began before a
+        #: delete cannot start a new writer on the closed model.
+        self.placing = asyncio.Lock()
         self._loading: asyncio.Task[None] | None = None
         #: Follower view of the log: the highest seq known logged, and the owner's applied seq.
         self._logged = 0
@@ -261,7 +265,8 @@ class ModelRuntime:
         """The model is deleted: stop without a checkpoint; waiters get NotFound."""
         self.closed = True
         self._room.set()
-        await self.deactivate(checkpoint=False, closing=True)
+        async with self.placing:
+            await self.deactivate(checkpoint=False, closing=True)
 
     async def wait_newer(self, seen: Snapshot) -> Snapshot:
         """The first snapshot after ``seen`` (ModelClosed when the model goes or moves)."""
