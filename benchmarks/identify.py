@@ -394,6 +394,11 @@ def _f(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def _pair(latency: dict[str, float] | None) -> str:
+    """``p50 / p99`` of a latency summary (``-`` when the run predates it)."""
+    return "-" if latency is None else f"{_f(latency['p50_ms'])} / {_f(latency['p99_ms'])}"
+
+
 def report(data: dict[str, Any]) -> str:
     lines = [
         "# Identification (1:N) against the server-side gallery",
@@ -411,11 +416,15 @@ def report(data: dict[str, Any]) -> str:
         "",
         "`GET /livez` (no work at all) was measured right after each run at the same rate: its "
         "latency is the floor the machine's load sets for any request. Service CPU per request "
-        "from /proc (during ingestion it includes the ingestion's share).",
+        "from /proc (during ingestion it includes the ingestion's share). The generator shares "
+        "the machine's two cores: 'generator late' is how late it started requests (its timer "
+        "and its turn on a core), and 'from send' the latency from that start: the part the "
+        "service and the network make (the target is judged on the latency from the schedule).",
         "",
-        "| gallery | phase | queries/s | p50 ms | p99 ms | max ms | livez p50 / p99 ms | "
+        "| gallery | phase | queries/s | p50 ms | p99 ms | max ms | from send p50 / p99 ms | "
+        "generator late p50 / p99 ms | livez p50 / p99 ms | "
         "service CPU ms per identify / livez | ingestion samples/s | load |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for n, r in data["service"].items():
         for phase in ("idle", "ingesting"):
@@ -426,6 +435,7 @@ def report(data: dict[str, Any]) -> str:
             lines.append(
                 f"| {int(n):,} x 128 | {phase} | {p['offered_rate']:g} | "
                 f"{_f(lat['p50_ms'])} | {_f(lat['p99_ms'])} | {_f(lat['max_ms'])} | "
+                f"{_pair(p.get('from_send'))} | {_pair(p.get('lateness'))} | "
                 f"{_f(floor['p50_ms'])} / {_f(floor['p99_ms'])} | "
                 f"{_f(p['cpu_ms_per_request'])} / {_f(p['livez_cpu_ms_per_request'])} | "
                 f"{rate} | {p['load']} |"

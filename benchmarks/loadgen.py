@@ -560,7 +560,9 @@ class RawPool:
 async def open_loop(
     request: Callable[[int], Awaitable[int]], rate: float, seconds: float
 ) -> dict[str, Any]:
-    """``rate`` requests/s on a fixed timetable; latency from each scheduled time."""
+    """``rate`` requests/s on a fixed timetable; latency from each scheduled time (no
+    coordinated omission), the generator's own lateness in starting each request (its timer
+    and its share of the CPU), and the latency from that start (``from_send``)."""
     n = int(rate * seconds)
     latency = np.full(n, np.nan)
     lateness = np.full(n, np.nan)
@@ -602,6 +604,7 @@ async def open_loop(
         "generator_cpu_run_s": cpu_run,
         "latency": summary(latency),
         "lateness": summary(lateness),
+        "from_send": summary(latency - lateness),
     }
 
 
