@@ -45,8 +45,15 @@ taken alone they could swap two nearly tied rows. The search therefore has two s
 
 The rows returned hold every row whose brute-force value is at most the k-th smallest one
 (ties included), so sorting them by (value, id) is exactly the brute force's top k with ties
-by id. The bounds are ~1e-13 relative, so the second stage recomputes k rows plus the rare
-near-tie.
+by id.
+
+The bound stage's one pass over ``Z`` (the matrix-vector product, bound by memory traffic)
+reads a float32 copy of ``Z`` kept beside it, half the bytes: the products ``z_i . L q`` are
+taken in float32 and their rounding (operands rounded to float32, a d-term float32 dot
+product, underflow included: :func:`_f32_dot_error`) is added to ``delta``. That widens the
+window to ~1e-5 of the squared distances at d = 128 (from ~1e-13): the second stage still
+recomputes k rows plus the rare near-tie, and the answer is unchanged. Past
+:data:`F32_SAFE` (rows or queries too large for float32's range) the product is float64.
 
 Rows are stored in blocks with spare capacity: enrolling appends rows in place (rows an older
 view reads never change), deleting marks a row dead (``alive``), :meth:`compacted` drops dead
@@ -81,6 +88,13 @@ from service.core.learner import _PINNED_WORK, _blas
 
 #: Unit roundoff of float64.
 U = 2.0**-53
+#: Unit roundoff of float32, and half its smallest subnormal (the absolute error of a value
+#: rounded to float32 in the underflow range).
+U32 = 2.0**-24
+ETA32 = 2.0**-150
+#: The float32 bound stage is used while the largest row image and the query's are below this
+#: (their products and sums then stay far inside float32's range, ~3.4e38).
+F32_SAFE = 1e18
 #: Every error bound is multiplied by this (room for the bounds' own rounding).
 SAFETY = 2.0
 #: Extra columns of the range finder beyond the rank bound (robustness to rounding noise).
@@ -96,9 +110,26 @@ Bools = NDArray[np.bool_]
 Ints = NDArray[np.int64]
 
 
-def _gamma(n: int) -> float:
+def _gamma(n: int, u: float = U) -> float:
     """``gamma_n = n u / (1 - n u)``: the relative error bound of an n-term dot product."""
-    return n * U / (1.0 - n * U)
+    return n * u / (1.0 - n * u)
+
+
+def _f32_dot_error(d: int, z_norm: Any, q_norm: Any) -> Any:
+    """A bound on ``|z . q - fl32(fl32(z) . fl32(q))|`` for d-vectors of norms at most
+    ``z_norm`` and ``q_norm`` (floats or arrays; below :data:`F32_SAFE`).
+
+    Each operand rounds to float32 with ``|z~_j - z_j| <= U32 |z_j| + ETA32`` (ETA32 in the
+    underflow range), and the float32 dot product of the rounded operands errs by at most
+    ``gamma_d sum |z~_j q~_j|`` (float32's ``gamma``) plus ``ETA32`` per product or sum that
+    underflows. With ``sum |z_j q_j| <= ||z|| ||q||`` and ``sum |z_j| <= sqrt(d) ||z||``
+    (Cauchy-Schwarz) that is at most ``(2 U32 + U32^2 + gamma_d (1 + U32)^2) ||z|| ||q||``
+    plus ``ETA32 (2 sqrt(d) (||z|| + ||q||) + 3 d)`` (generously: every cross term of order
+    ``ETA32 U32`` or ``ETA32^2`` is folded in).
+    """
+    relative = 2.0 * U32 + U32 * U32 + _gamma(d, U32) * (1.0 + U32) ** 2
+    absolute = ETA32 * (2.0 * math.sqrt(d) * (z_norm + q_norm) + 3.0 * d)
+    return relative * z_norm * q_norm + absolute
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -204,17 +235,23 @@ def refresh_method(rank: int | None, n: int, d: int) -> str:
 @dataclass
 class _Block:
     """Rows with spare capacity and per-row norms; rows ``[0, used)`` are written and never
-    change again (views made earlier read them while later rows are appended)."""
+    change again (views made earlier read them while later rows are appended). ``Z``'s blocks
+    also keep the rows in float32 (``rows32``, the bound stage's operand; see ``nearest``)."""
 
     rows: Array  # (capacity, d)
     norms: Array  # (capacity,) ||row||
     squares: Array  # (capacity,) ||row||^2
     used: int
+    rows32: NDArray[np.float32] | None = None  # (capacity, d), or None (G's blocks)
 
     @classmethod
-    def of(cls, rows: Array, capacity: int) -> _Block:
-        d = rows.shape[1]
-        block = cls(np.empty((capacity, d)), np.empty(capacity), np.empty(capacity), 0)
+    def empty(cls, capacity: int, d: int, shadow: bool, used: int = 0) -> _Block:
+        rows32 = np.empty((capacity, d), dtype=np.float32) if shadow else None
+        return cls(np.empty((capacity, d)), np.empty(capacity), np.empty(capacity), used, rows32)
+
+    @classmethod
+    def of(cls, rows: Array, capacity: int, shadow: bool = False) -> _Block:
+        block = cls.empty(capacity, rows.shape[1], shadow)
         block.put(rows)
         return block
 
@@ -222,21 +259,27 @@ class _Block:
         """Write ``rows`` after the used ones (capacity must allow it)."""
         start, stop = self.used, self.used + len(rows)
         self.rows[start:stop] = rows
-        self._measure(start, stop)
+        self.measure(start, stop)
         self.used = stop
 
-    def _measure(self, start: int, stop: int) -> None:
+    def measure(self, start: int, stop: int, squares: bool = True) -> None:
+        """The norms (and, with ``squares``, the squared norms) and float32 copies of rows
+        ``[start, stop)`` as written."""
         part = self.rows[start:stop]
-        np.einsum("ij,ij->i", part, part, out=self.squares[start:stop])
-        np.sqrt(self.squares[start:stop], out=self.norms[start:stop])
+        if squares:
+            np.einsum("ij,ij->i", part, part, out=self.squares[start:stop])
+            np.sqrt(self.squares[start:stop], out=self.norms[start:stop])
+        if self.rows32 is not None:
+            with np.errstate(over="ignore"):  # a row past float32's range: never read (nearest)
+                self.rows32[start:stop] = part
 
     @classmethod
     def product(cls, G: Array, M: Array, capacity: int) -> _Block:
-        """A block holding the rows of ``G @ M`` (into its own memory, no temporary)."""
+        """A ``Z`` block holding the rows of ``G @ M`` (into its own memory, no temporary)."""
         n = len(G)
-        block = cls(np.empty((capacity, M.shape[1])), np.empty(capacity), np.empty(capacity), n)
+        block = cls.empty(capacity, M.shape[1], True, n)
         np.matmul(G, M, out=block.rows[:n])
-        block._measure(0, n)
+        block.measure(0, n)
         return block
 
 
@@ -261,7 +304,7 @@ class TransformedGallery:
         d = L.shape[0]
         L = _frozen(np.array(L, dtype=np.float64))
         block = _Block.of(np.empty((0, d)), _MIN_CAPACITY)
-        return cls(block, _Block.of(np.empty((0, d)), _MIN_CAPACITY), 0,
+        return cls(block, _Block.of(np.empty((0, d)), _MIN_CAPACITY, shadow=True), 0,
                    np.zeros(0, dtype=bool), L, 0.0)  # fmt: skip
 
     @property
@@ -297,7 +340,7 @@ class TransformedGallery:
         if g.used != n or z.used != n or len(g.rows) < n + m or len(z.rows) < n + m:
             capacity = max(_MIN_CAPACITY, 2 * (n + m))
             g = _Block.of(g.rows[:n], capacity)
-            z = _Block.of(z.rows[:n], capacity)
+            z = _Block.of(z.rows[:n], capacity, shadow=True)
         g.put(rows)
         z.put(Z_new)
         alive = np.concatenate([self.alive, np.ones(m, dtype=bool)])
@@ -316,7 +359,7 @@ class TransformedGallery:
         kept = np.flatnonzero(self.alive)
         capacity = max(_MIN_CAPACITY, 2 * len(kept))
         g = _Block.of(self._g.rows[kept], capacity)
-        z = _Block.of(self._z.rows[kept], capacity)
+        z = _Block.of(self._z.rows[kept], capacity, shadow=True)
         return replace(self, _g=g, _z=z, n=len(kept), alive=np.ones(len(kept), dtype=bool)), kept
 
     def refreshed(self, L: Array, rank: int | None) -> tuple[TransformedGallery, str]:
@@ -358,9 +401,10 @@ class TransformedGallery:
         if err > MAX_RELATIVE_ERR * l_norm:
             return None
         capacity = max(_MIN_CAPACITY, len(self._z.rows))
-        z = _Block(np.empty((capacity, d)), np.empty(capacity), np.empty(capacity), n)
+        z = _Block.empty(capacity, d, True, n)
         _low_rank_update(self._g.rows[:n], self._z.rows[:n], B, np.ascontiguousarray(Q.T),
                          z.rows[:n], z.squares[:n], z.norms[:n])  # fmt: skip
+        z.measure(0, n, squares=False)  # the float32 copies
         return replace(self, _z=z, L=L, err=err)
 
     # -- searching -------------------------------------------------------------------------
@@ -403,6 +447,10 @@ class TransformedGallery:
         grow = 1.0 + 2.0 * SAFETY * _gamma(d + 3)  # computed norms vs exact ones
         out: list[tuple[Ints, Array]] = []
         step = max(1, _BLOCK_VALUES // max(n, 1))
+        # The bound stage's product in float32 while the scale allows (half the memory traffic
+        # of float64 over Z, which dominates a query), its rounding bounded and added to delta.
+        z32 = self._z.rows32
+        use32 = z32 is not None and z_max * grow < F32_SAFE
         with np.errstate(over="ignore", invalid="ignore"), _blas().limit(limits=1, user_api="blas"):
             ZQ = Q @ L.T
             for start in range(0, len(Q), step):
@@ -411,7 +459,13 @@ class TransformedGallery:
                 block = Q[start : start + step]
                 q_norms = np.sqrt(np.einsum("ij,ij->i", block, block))
                 # e = ||z_i||^2 - 2 z_i . zq + ||zq||^2, as (n, m)
-                e = self._z.rows[:n] @ zq.T
+                if use32 and float(zq_norms.max(initial=0.0)) * grow < F32_SAFE:
+                    assert z32 is not None
+                    e = (z32[:n] @ zq.astype(np.float32).T).astype(np.float64)
+                    dot_err = 2.0 * _f32_dot_error(d, z_max * grow, zq_norms * grow)
+                else:
+                    e = self._z.rows[:n] @ zq.T
+                    dot_err = 0.0
                 e *= -2.0
                 e += self._z.squares[:n, None]
                 e += (zq_norms**2)[None, :]
@@ -420,7 +474,7 @@ class TransformedGallery:
                 reach = (z_max + zq_norms) * grow  # >= every distance ||zq - z_i||, sqrt(e + eta)
                 eta = SAFETY * _gamma(d + 3) * reach**2  # the expanded square's rounding
                 slack = row_slack + query_slack * q_norms
-                delta = eta + 2.0 * slack * reach + slack**2
+                delta = eta + SAFETY * dot_err + 2.0 * slack * reach + slack**2
                 kth = np.partition(e, k - 1, axis=0)[k - 1]
                 for j in range(zq.shape[0]):
                     limit = kth[j] + 2.0 * delta[j]

@@ -122,6 +122,26 @@ def test_nearest_is_the_brute_force_with_ties_by_id(d: int) -> None:
             assert len(rows) < k + 4  # the bound stage keeps k rows and the rare near-tie
 
 
+@pytest.mark.parametrize("scale", [1e-30, 1.0, 1e12, 1e25])
+def test_rows_closer_than_float32_can_tell_are_ranked_exactly(scale: float) -> None:
+    """The bound stage's product runs in float32 (its rounding bounded and added to delta)
+    while the scale allows, in float64 beyond (1e25) and with every row left to the exact
+    stage where float32 underflows (1e-30): 60 rows 1e-10 apart relative to their size, far
+    below float32's resolution, are ranked as the brute force ranks them."""
+    d = 24
+    rng = np.random.default_rng(11)
+    base = rng.normal(size=d)
+    near = base + 1e-10 * rng.normal(size=(60, d))
+    G = scale * np.vstack([near, base + rng.normal(size=(200, d))])
+    L = np.eye(d) + 0.1 * rng.normal(size=(d, d))
+    view, _ = TransformedGallery.empty(L).with_rows(G)
+    alive = np.ones(len(G), dtype=bool)
+    for q in scale * (base + 1e-10 * rng.normal(size=(3, d))):
+        for k in (1, 5, 60):
+            ((rows, values),) = view.nearest(q[None, :], k)
+            assert ranked(rows, values, k) == brute_top_k(G, alive, q, L, k)[0]
+
+
 def test_near_ties_are_decided_by_the_exact_values() -> None:
     """Rows a few ulps apart: the expanded square cannot tell them apart, the exact stage
     can; the answer is ordered by the brute-force values."""
