@@ -20,7 +20,7 @@ Keeping ``Z`` up to date (:meth:`TransformedGallery.refreshed`)
 The incremental form is taken when ``8 r' <= d`` and the gallery has more than ``d`` rows,
 else the full one (:func:`refresh_method`). The full product runs at BLAS speed and the
 incremental pass is bound by memory traffic (three n x d streams), so the incremental form
-pays well below ``r' = d``: on this machine it is 1.2-5x cheaper at ``r' <= d / 8`` for
+pays well below ``r' = d``: on this machine it is 1.1-3x cheaper at ``r' <= d / 8`` for
 d >= 128 and about even near ``r' = d / 4``; at d = 64 the two are within the noise
 (``benchmarks/results/identify.md`` has both costs by ``d``, ``n`` and ``r'``). At d = 128
 that is up to 7 triplet steps per refresh: a learner publishing batches of hundreds of steps
