@@ -430,19 +430,28 @@ def _samples_fast(items: list[Sample], dim: int) -> tuple[Array, list[str]] | No
         return None
     if X.shape != (len(items), dim) or not np.isfinite(X).all():
         return None
-    keys = []
-    for s in items:
-        y = s.y
-        if type(y) is str:
+    keys = _keys_fast([s.y for s in items])
+    return None if keys is None else (X, keys)
+
+
+def _keys_fast(labels: list[Any]) -> list[str] | None:
+    """The class keys of labels that are all plain strings of 1-128 characters or integers
+    (the common case, ~10x cheaper than :func:`label` per element); None if any is not
+    (then :func:`label`, element by element, names the first bad one)."""
+    keys: list[str] = []
+    append = keys.append
+    for y in labels:
+        kind = type(y)
+        if kind is str:
             key = y
-        elif type(y) is int:
+        elif kind is int:
             key = str(y)
         else:
             return None
         if not key or len(key) > MAX_LABEL_CHARS:
             return None
-        keys.append(key)
-    return X, keys
+        append(key)
+    return keys
 
 
 @dataclass(frozen=True)
@@ -478,7 +487,10 @@ def block(b: Block) -> tuple[Array, list[str]]:
     if not np.isfinite(X).all():
         bad = int(np.flatnonzero(~np.isfinite(X).all(axis=1))[0])
         raise invalid(["block", bad], "contains NaN or Inf")
-    return X, [label(v, ["y", i]) for i, v in enumerate(b.y)]
+    keys = _keys_fast(b.y)
+    if keys is None:
+        keys = [label(v, ["y", i]) for i, v in enumerate(b.y)]
+    return X, keys
 
 
 def gallery_items(
