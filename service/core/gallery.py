@@ -449,8 +449,7 @@ class TransformedGallery:
         step = max(1, _BLOCK_VALUES // max(n, 1))
         # The bound stage's product in float32 while the scale allows (half the memory traffic
         # of float64 over Z, which dominates a query), its rounding bounded and added to delta.
-        z32 = self._z.rows32
-        use32 = z32 is not None and z_max * grow < F32_SAFE
+        z32 = self._z.rows32 if z_max * grow < F32_SAFE else None
         with np.errstate(over="ignore", invalid="ignore"), _blas().limit(limits=1, user_api="blas"):
             ZQ = Q @ L.T
             for start in range(0, len(Q), step):
@@ -459,8 +458,7 @@ class TransformedGallery:
                 block = Q[start : start + step]
                 q_norms = np.sqrt(np.einsum("ij,ij->i", block, block))
                 # e = ||z_i||^2 - 2 z_i . zq + ||zq||^2, as (n, m)
-                if use32 and float(zq_norms.max(initial=0.0)) * grow < F32_SAFE:
-                    assert z32 is not None
+                if z32 is not None and float(zq_norms.max(initial=0.0)) * grow < F32_SAFE:
                     e = (z32[:n] @ zq.astype(np.float32).T).astype(np.float64)
                     dot_err = 2.0 * _f32_dot_error(d, z_max * grow, zq_norms * grow)
                 else:
