@@ -190,14 +190,21 @@ def fit_transform(
     return np.asarray(Z_tr), np.asarray(Z_te), notes
 
 
-def run_cell(args: tuple[str, str, int, Sequence[str], int]) -> dict[str, Any]:
-    """Every method on one data set, variant and split."""
-    name, kind, seed, methods, constraints = args
+def split(name: str, kind: str, seed: int) -> tuple[FloatArray, FloatArray, IntArray, IntArray]:
+    """One cell's split: stratified 50/50 (``random_state`` ``seed``), the halves as the
+    learners get them (:func:`variant`): ``X_tr, X_te, y_tr, y_te``."""
     X, y = dataset(name)
     X_tr, X_te, y_tr, y_te = train_test_split(
         X, y, test_size=0.5, stratify=y, random_state=seed, shuffle=True
     )
     X_tr, X_te = variant(kind, X_tr, X_te)
+    return X_tr, X_te, y_tr, y_te
+
+
+def run_cell(args: tuple[str, str, int, Sequence[str], int]) -> dict[str, Any]:
+    """Every method on one data set, variant and split."""
+    name, kind, seed, methods, constraints = args
+    X_tr, X_te, y_tr, y_te = split(name, kind, seed)
     out: dict[str, Any] = {"data": name, "variant": kind, "seed": seed, "methods": {}}
     for method in methods:
         Z_tr, Z_te, notes = fit_transform(method, X_tr, y_tr, X_te, seed, constraints)

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.model_selection import train_test_split
 
 from benchmarks.common import (
     RESULTS_DIR,
@@ -39,7 +38,7 @@ from benchmarks.common import (
     write_results,
 )
 from benchmarks.datasets import present
-from benchmarks.scales import dataset, variant, verification
+from benchmarks.scales import dataset, split, verification
 
 GAMMAS = (0.025, 0.05, 0.1, 0.2, 0.4, 0.8)
 MARGINS = (0.25, 1.0, 4.0, 16.0)
@@ -51,11 +50,7 @@ def run_split(args: tuple[str, str, int]) -> dict[str, Any]:
     from service.core import COPML
 
     name, kind, seed = args
-    X, y = dataset(name)
-    X_tr, X_te, y_tr, y_te = train_test_split(
-        X, y, test_size=0.5, stratify=y, random_state=seed, shuffle=True
-    )
-    X_tr, X_te = variant(kind, X_tr, X_te)
+    X_tr, X_te, y_tr, y_te = split(name, kind, seed)
     auc: dict[str, float] = {}
     for gamma in GAMMAS:
         for margin in MARGINS:
