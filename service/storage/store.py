@@ -56,6 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
@@ -65,7 +66,7 @@ from redis.exceptions import (
     RedisClusterException,
     RedisError,
 )
-from redis.retry import Retry
+from redis.maint_notifications import MaintNotificationsConfig
 
 from service.storage.codec import StreamId, encode_labels, parse_id
 from service.storage.keys import (
@@ -454,14 +455,29 @@ def redacted_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-def _client_options(timeout_s: float) -> dict[str, Any]:
-    """The options of both clients: every call bounded by ``timeout_s``; one quick retry
-    (a stale socket, or the cluster client re-reading the slot map after a failover)."""
+def _client_options(timeout_s: float, retries: int) -> dict[str, Any]:
+    """The options of both clients: every call bounded by ``timeout_s``; ``retries`` quick
+    retries of a call that failed on a lost connection or a timeout.
+
+    A pooled connection left stale by a Redis restart is found before a command is sent on it
+    (the pool sees its end of stream and reconnects). redis-py 8 skips that check while the
+    pool's maintenance notifications are on, its default ("auto", for Redis Enterprise's
+    planned failovers, which this service does not use): off here, or the first call on each
+    stale connection fails ("Connection closed by server") and a /readyz answers 503 while the
+    same Redis acknowledges samples.
+
+    The single-server client retries nothing (``retries`` 0): a call that failed after it was
+    sent may have run (a script's append among them), and running it again would apply its
+    samples twice. The cluster client retries once at the cluster level, as redis-py's own
+    failover handling requires (it re-reads the slot map and sends again); its connections to
+    the nodes never retry.
+    """
     return {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": timeout_s,
-        "retry": Retry(NoBackoff(), 1),
+        "retry": Retry(NoBackoff(), retries),
         "health_check_interval": 10,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
     }
 
 
@@ -472,7 +488,7 @@ def connect(url: str, timeout_s: float) -> Redis:
     ``rediss://...`` for TLS (query options such as ``ssl_cert_reqs``, ``ssl_ca_certs``).
     """
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=MAX_CONNECTIONS, timeout=timeout_s, **_client_options(timeout_s)
+        url, max_connections=MAX_CONNECTIONS, timeout=timeout_s, **_client_options(timeout_s, 0)
     )
     client = Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # closing the client closes its pool
@@ -541,7 +557,7 @@ def connect_cluster(url: str, timeout_s: float) -> RedisCluster:
     """A client of the Redis Cluster that the node at ``url`` belongs to (it finds the other
     nodes itself; same options as :func:`connect`)."""
     try:
-        client: RedisCluster = _Cluster.from_url(url, **_client_options(timeout_s))
+        client: RedisCluster = _Cluster.from_url(url, **_client_options(timeout_s, 1))
     except RedisClusterException as exc:  # e.g. a database other than 0 in the URL
         raise ClusterUnavailable(f"OPML_REDIS_URL names a cluster node: {exc}") from exc
     return client

@@ -66,7 +66,8 @@ def test_redis_outage_gives_503_and_the_service_recovers(
                 status = send(api, i).status_code
                 assert status in (202, 503)
                 i += 1
-            assert api.get("/readyz").status_code == 200
+            ready = api.get("/readyz")
+            assert ready.status_code == 200, ready.text
             got = api.get("/v1/models/m/metric", params={"min_version": before + 50}).json()
         ref = core_learner(X[accepted], [y[i] for i in accepted], dim=3, gamma=0.05)
         assert got["version"] == before + 50
