@@ -12,10 +12,11 @@ lease (GC, SIGSTOP, a VM migration) and resumes can never overwrite a newer owne
 
 Redis Cluster. ``OPML_REDIS_URL`` may name any node of a cluster: :meth:`Store.open` asks that
 node ``INFO cluster`` and, on ``cluster_enabled:1``, switches to redis-py's cluster client (same
-timeouts and retry). No script touches two slots, and the store uses no MULTI (its atomic reads are
-scripts too): every script works on one model's keys, which share the hash tag ``{name}``; the
-registry set ``opml:models`` (its own slot) is only read or written by single commands and
-non-transactional pipelines, which the cluster client splits by node. MOVED / ASK are followed
+timeouts; the retries of both are in :func:`_client_options`). No script touches two slots, and
+the store uses no MULTI (its atomic reads are scripts too): every script works on one model's
+keys, which share the hash tag ``{name}``; the registry set ``opml:models`` (its own slot) is
+only read or written by single commands and non-transactional pipelines, which the cluster
+client splits by node. MOVED / ASK are followed
 by the client; everything the cluster client raises is a :class:`~redis.exceptions.RedisError`
 (its ``RedisClusterException`` family, e.g. "slot not covered" during a failover, becomes
 :class:`ClusterUnavailable`), so a failover is a 503 with ``Retry-After`` and recovers by
