@@ -431,12 +431,11 @@ def report(data: dict[str, Any]) -> str:
             p = r[phase]
             lat = p["latency"]
             rate = _f(p.get("ingest_throughput"), 0) if phase == "ingesting" else "-"
-            floor = p["livez"]
             lines.append(
                 f"| {int(n):,} x 128 | {phase} | {p['offered_rate']:g} | "
                 f"{_f(lat['p50_ms'])} | {_f(lat['p99_ms'])} | {_f(lat['max_ms'])} | "
                 f"{_pair(p.get('from_send'))} | {_pair(p.get('lateness'))} | "
-                f"{_f(floor['p50_ms'])} / {_f(floor['p99_ms'])} | "
+                f"{_pair(p['livez'])} | "
                 f"{_f(p['cpu_ms_per_request'])} / {_f(p['livez_cpu_ms_per_request'])} | "
                 f"{rate} | {p['load']} |"
             )
