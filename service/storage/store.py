@@ -16,11 +16,10 @@ timeouts; the retries of both are in :func:`_client_options`). No script touches
 the store uses no MULTI (its atomic reads are scripts too): every script works on one model's
 keys, which share the hash tag ``{name}``; the registry set ``opml:models`` (its own slot) is
 only read or written by single commands and non-transactional pipelines, which the cluster
-client splits by node. MOVED / ASK are followed
-by the client; everything the cluster client raises is a :class:`~redis.exceptions.RedisError`
-(its ``RedisClusterException`` family, e.g. "slot not covered" during a failover, becomes
-:class:`ClusterUnavailable`), so a failover is a 503 with ``Retry-After`` and recovers by
-itself.
+client splits by node. MOVED / ASK are followed by the client; everything the cluster client
+raises is a :class:`~redis.exceptions.RedisError` (its ``RedisClusterException`` family, e.g.
+"slot not covered" during a failover, becomes :class:`ClusterUnavailable`), so a failover is a
+503 with ``Retry-After`` and recovers by itself.
 
 Models. A model exists if and only if its meta hash exists. The registry set is an index that
 may lag behind the metas: create writes the meta first (``_CREATE``) and then adds the name;
@@ -556,7 +555,8 @@ class _Cluster(RedisCluster):
 
 def connect_cluster(url: str, timeout_s: float) -> RedisCluster:
     """A client of the Redis Cluster that the node at ``url`` belongs to (it finds the other
-    nodes itself; same options as :func:`connect`)."""
+    nodes itself; the options of :func:`connect`, but one cluster-level retry: see
+    :func:`_client_options`)."""
     try:
         client: RedisCluster = _Cluster.from_url(url, **_client_options(timeout_s, 1))
     except RedisClusterException as exc:  # e.g. a database other than 0 in the URL
