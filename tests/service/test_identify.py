@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from tests.service.support import (
     series,
     stream,
 )
+from tests.service.test_scale_out import eventually, placed
 
 NPZ = "application/x-npz"
 NPY = "application/x-npy"
@@ -481,28 +481,23 @@ def test_a_change_through_one_process_is_seen_through_the_other(
 ) -> None:
     """Two services on one Redis: the gallery is held by the process that learns the model,
     and the other forwards to it, so an enrol and a delete through either are seen through
-    both."""
+    both. The model is created through ``one`` and may then move to ``two`` (placement; a
+    request meanwhile is answered 503 "changing hands"): the test starts once it is placed."""
     env = {"OPML_LEASE_TTL_S": "1.5"}
     one = launch(tmp_path / "one", own_redis.url, **env).start()
     two = launch(tmp_path / "two", own_redis.url, **env).start()
+    rdb = redis.Redis.from_url(own_redis.url)
     with one.client() as a, two.client() as b:
         make_model(a, "shared", 2)
-        wait_for(lambda: b.get("/v1/models/shared").status_code == 200)
+        eventually(lambda: placed(rdb, [one, two], ["shared"]))
+        eventually(lambda: b.get("/v1/models/shared").status_code == 200)
         assert enrol(a, "shared", ["p", "q"], np.eye(2)).is_success
-        wait_for(lambda: b.get("/v1/models/shared/gallery").json()["count"] == 2)
+        eventually(lambda: b.get("/v1/models/shared/gallery").json()["count"] == 2)
         top = b.post("/v1/models/shared/identify", json={"x": [0, 1]}).json()["matches"]
         assert top[0]["id"] == "q"
         assert a.delete("/v1/models/shared/gallery/q").status_code == 204
-        wait_for(lambda: b.get("/v1/models/shared/gallery").json()["ids"] == ["p"])
+        eventually(lambda: b.get("/v1/models/shared/gallery").json()["ids"] == ["p"])
         assert (
             b.post("/v1/models/shared/identify", json={"x": [0, 1]}).json()["matches"][0]["id"]
             == "p"
         )
-
-
-def wait_for(condition: Any, timeout: float = 20.0) -> None:
-    """Poll ``condition`` until true (bounded): cross-process changes arrive by themselves."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
