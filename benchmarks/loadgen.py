@@ -56,6 +56,7 @@ import os
 import random
 import struct
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -562,7 +563,13 @@ async def open_loop(
 ) -> dict[str, Any]:
     """``rate`` requests/s on a fixed timetable; latency from each scheduled time (no
     coordinated omission), the generator's own lateness in starting each request (its timer
-    and its share of the CPU), and the latency from that start (``from_send``)."""
+    and its share of the CPU), and the latency from that start (``from_send``).
+
+    The timetable is kept by a thread that sleeps with ``time.sleep`` (a nanosecond clock) and
+    hands each start to the event loop, which wakes at once. ``asyncio.sleep`` is not precise
+    enough: the loop waits in ``epoll`` with a timeout rounded up to whole milliseconds, so
+    every request started up to 1 ms late (about 1.1 ms at p50 when measured side by side, 0.2
+    ms with the thread), and that lateness counted as latency."""
     n = int(rate * seconds)
     latency = np.full(n, np.nan)
     lateness = np.full(n, np.nan)
@@ -580,14 +587,29 @@ async def open_loop(
 
     t0 = time.perf_counter() + 0.05
     t0_wall, cpu0 = time.time() + 0.05, time.process_time()
-    for i in range(n):
-        scheduled = t0 + i / rate
-        delay = scheduled - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    loop = asyncio.get_running_loop()
+    all_started = asyncio.Event()
+
+    def start(i: int, scheduled: float) -> None:
         task = asyncio.create_task(one(i, scheduled))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+        if i == n - 1:
+            all_started.set()
+
+    def timetable() -> None:  # see the docstring: a thread, not asyncio.sleep
+        for i in range(n):
+            scheduled = t0 + i / rate
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            loop.call_soon_threadsafe(start, i, scheduled)
+
+    ticker = threading.Thread(target=timetable, name="open-loop-timetable", daemon=True)
+    ticker.start()
+    if n:
+        await all_started.wait()
+    ticker.join()
     if tasks:
         await asyncio.wait(tasks, timeout=60)
     elapsed = time.perf_counter() - t0
