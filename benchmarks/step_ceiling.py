@@ -1,6 +1,6 @@
 """How far can choosing the step size take one pass of COPML? A hindsight ceiling for ``auto``.
 
-    python -m benchmarks.step_ceiling     # ~3 min; benchmarks/results/step_ceiling.{md,json}
+    python -m benchmarks.step_ceiling     # ~5 min; benchmarks/results/step_ceiling.{md,json}
 
 Issue 14 asks ``gamma: "auto"`` to reach batch ITML's verification ROC AUC on optdigits (and to
 come within 0.01 of it on digits). ``auto`` races step sizes; the most any choice of
@@ -80,7 +80,7 @@ def reference(path: Path, name: str, kind: str, seeds: Sequence[int]) -> dict[st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("--splits", type=int, default=2, help="as the committed scales run")
+    parser.add_argument("--splits", type=int, default=5, help="as the committed scales run")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--scales", type=Path, default=RESULTS_DIR / "scales.json")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR / "step_ceiling", help="stem")
