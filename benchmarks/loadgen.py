@@ -56,7 +56,6 @@ import os
 import random
 import struct
 import sys
-import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -588,14 +587,11 @@ async def open_loop(
     t0 = time.perf_counter() + 0.05
     t0_wall, cpu0 = time.time() + 0.05, time.process_time()
     loop = asyncio.get_running_loop()
-    all_started = asyncio.Event()
 
     def start(i: int, scheduled: float) -> None:
         task = asyncio.create_task(one(i, scheduled))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-        if i == n - 1:
-            all_started.set()
 
     def timetable() -> None:  # see the docstring: a thread, not asyncio.sleep
         for i in range(n):
@@ -605,11 +601,9 @@ async def open_loop(
                 time.sleep(delay)
             loop.call_soon_threadsafe(start, i, scheduled)
 
-    ticker = threading.Thread(target=timetable, name="open-loop-timetable", daemon=True)
-    ticker.start()
-    if n:
-        await all_started.wait()
-    ticker.join()
+    # The thread's completion reaches the loop through the same queue, after every start it
+    # handed over: once this returns, every request has been started.
+    await asyncio.to_thread(timetable)
     if tasks:
         await asyncio.wait(tasks, timeout=60)
     elapsed = time.perf_counter() - t0
