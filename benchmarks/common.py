@@ -89,6 +89,8 @@ def make_learner(method: str, config: Config, seed: int) -> Learner:
         learner = COPML(normalize=config.normalize, random_state=seed)
     elif method == "auto":
         learner = COPML(gamma="auto", normalize=config.normalize, random_state=seed)
+    elif method == "auto_rehearsal":
+        learner = COPML(gamma="auto", rehearsal=2, normalize=config.normalize, random_state=seed)
     else:
         raise ValueError(f"unknown learner {method!r}")
     return learner

@@ -248,7 +248,9 @@ class OPML(_OnlineMetric):
     ``gamma``, ``margin`` and ``step`` are :class:`~service.core.LearnerConfig`'s: with the
     default ``step="scaled"`` they are read in units of the data's typical squared difference
     (``gamma=None``: 0.05; ``"auto"`` races a grid during the first ``auto_warmup`` triplets);
-    ``step="paper"`` is the paper's literal rule (``gamma=None``: 1e-3).
+    ``step="paper"`` is the paper's literal rule (``gamma=None``: 1e-3). ``rehearsal`` further
+    steps on samples drawn from a reservoir of ``rehearsal_memory`` past ones follow every sample
+    (:mod:`service.core.rehearsal`; default 0, one pass).
 
     >>> from service.core import OPML
     >>> X = [[0.0, 0.0], [0.0, 0.5], [0.3, 0.0], [0.3, 0.5], [0.0, 0.1], [0.2, 0.5]]
@@ -274,6 +276,8 @@ class OPML(_OnlineMetric):
         normalize: Normalize = "none",
         step: Step | None = None,
         auto_warmup: int = 1000,
+        rehearsal: int = 0,
+        rehearsal_memory: int = 1000,
         random_state: Any = None,
     ) -> None:
         self.gamma = gamma
@@ -281,6 +285,8 @@ class OPML(_OnlineMetric):
         self.normalize = normalize
         self.step = step
         self.auto_warmup = auto_warmup
+        self.rehearsal = rehearsal
+        self.rehearsal_memory = rehearsal_memory
         self.random_state = random_state
 
 
@@ -311,6 +317,8 @@ class COPML(_OnlineMetric):
         normalize: Normalize = "none",
         step: Step | None = None,
         auto_warmup: int = 1000,
+        rehearsal: int = 0,
+        rehearsal_memory: int = 1000,
         random_state: Any = None,
     ) -> None:
         self.gamma = gamma
@@ -319,6 +327,8 @@ class COPML(_OnlineMetric):
         self.normalize = normalize
         self.step = step
         self.auto_warmup = auto_warmup
+        self.rehearsal = rehearsal
+        self.rehearsal_memory = rehearsal_memory
         self.random_state = random_state
 
 

@@ -66,6 +66,7 @@ from service.core.certificates import Certificate, Method
 from service.core.gradient import CONSTANT, KINDS, STEP_RULES, learn_batch_gradient
 from service.core.holdout import HELD_OUT, Flags, Holdout, check_flags, check_holdout_config
 from service.core.race import DEFAULT_GAMMA, Race
+from service.core.rehearsal import DEFAULT_MEMORY, Reservoir
 from service.core.stability import Stability, StabilityTracker
 from service.core.tracks import Tracks
 from service.core.update import (
@@ -112,9 +113,18 @@ Normalize = Literal["none", "l2"]
 #: lam        >= 0 with ``2 eta lam < 1`` (and ``gamma_pair lam < 1`` for ``sgd``): the decay
 #:            factor ``1 - 2 eta lam`` stays positive
 #: ========== ==================================================================================
+#: ``rehearsal`` (steps on reservoir samples after each learned sample) and
+#: ``rehearsal_memory`` (the reservoir's size): OPML / COPML only (:mod:`service.core.rehearsal`).
+REHEARSAL_DEFAULTS: dict[str, int] = {"rehearsal": 0, "rehearsal_memory": DEFAULT_MEMORY}
+#: Their ranges: each rehearsal step costs one more step per sample; the reservoir is
+#: ``rehearsal_memory x d`` float64 in memory and in every checkpoint.
+REHEARSAL_RANGES: dict[str, tuple[int, int]] = {
+    "rehearsal": (0, 16),
+    "rehearsal_memory": (1, 100_000),
+}
 ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "opml": {"step": "scaled", "margin": 1.0, "auto_warmup": 1000},
-    "copml": {"step": "scaled", "margin": 1.0, "auto_warmup": 1000},
+    "opml": {"step": "scaled", "margin": 1.0, "auto_warmup": 1000, **REHEARSAL_DEFAULTS},
+    "copml": {"step": "scaled", "margin": 1.0, "auto_warmup": 1000, **REHEARSAL_DEFAULTS},
     "sgd": {"step": "descent", "eta": 5e-4, "mu": 0.0, "kappa": 0.5, "lam": 0.0, "margin": 1.0},
     "sgd_psd": {
         "step": "descent",
@@ -197,7 +207,10 @@ class LearnerConfig:
     ``normalize="l2"`` scales every input (samples and query vectors alike) to unit norm.
     Every value has a documented range; outside it, ``ValueError`` naming the argument.
     ``holdout``, ``holdout_window``, ``pac_bayes_prefix`` and ``pac_bayes_window`` configure
-    risk certificates (:mod:`service.core.holdout`).
+    risk certificates (:mod:`service.core.holdout`). ``rehearsal`` (OPML / COPML; default 0, range
+    0 ... 16) makes every learned sample followed by that many steps on samples drawn from a
+    reservoir of ``rehearsal_memory`` past ones (default 1,000, range 1 ... 100,000): more than one
+    pass over the stream, at ``1 + rehearsal`` times the CPU (:mod:`service.core.rehearsal`).
 
     >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
     ('copml', 'scaled', 0.05)
@@ -238,6 +251,8 @@ class LearnerConfig:
     holdout_window: int = 5000
     pac_bayes_prefix: int = 1000
     pac_bayes_window: int = 0
+    rehearsal: int | None = None
+    rehearsal_memory: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim", check_int(self.dim, "dim", 1, MAX_DIM))
@@ -281,12 +296,16 @@ class LearnerConfig:
         object.__setattr__(self, "margin", margin)
         warmup = defaults["auto_warmup"] if self.auto_warmup is None else self.auto_warmup
         object.__setattr__(self, "auto_warmup", check_int(warmup, "auto_warmup", 10, 100_000))
+        for name, (low, high) in REHEARSAL_RANGES.items():
+            value = defaults[name] if getattr(self, name) is None else getattr(self, name)
+            object.__setattr__(self, name, check_int(value, name, low, high))
 
     def _resolve(self, defaults: dict[str, Any]) -> None:
         """The gradient learners: fill the algorithm's defaults, refuse fields it does not use,
         check the ranges."""
         algorithm = self.algorithm
         self._refuse(("auto_warmup",), f"algorithm {algorithm!r} (no gamma='auto')")
+        self._refuse(("rehearsal", "rehearsal_memory"), f"algorithm {algorithm!r}")
         step = defaults["step"] if self.step is None else self.step
         object.__setattr__(self, "step", step)
         pair = GRADIENT_GAMMA_PAIR if self.gamma_pair is None else self.gamma_pair
@@ -429,6 +448,10 @@ class Learner:
         self._tracks = Tracks(np.eye(d), [gamma], config.calibration_window)
         # The race copies L at the first learned sample (a PUT before it is raced from).
         self._race = Race(cast(int, config.auto_warmup)) if auto else None
+        #: Rehearsal's reservoir (``rehearsal > 0``; :mod:`service.core.rehearsal`).
+        self._reservoir = (
+            Reservoir(d, cast(int, config.rehearsal_memory)) if config.rehearsal else None
+        )
         #: Held-out routing, the certification reservoir, the PAC-Bayes prior and window.
         self.holdout = Holdout(config, functools.partial(normalize_rows, how=config.normalize))
 
@@ -605,8 +628,18 @@ class Learner:
         self._reserve(len(classes))
         self._stability.reserve(len(classes))
         # Every sample draws one uniform, used when it forms a triplet (Sec. III-A), so the
-        # stream of draws does not depend on how samples are batched.
-        uniforms = self._rng.random(n)
+        # stream of draws does not depend on how samples are batched (with rehearsal, a fixed
+        # number more: service.core.rehearsal).
+        arrival: Any = None
+        reservoir = self._reservoir
+        if reservoir is None:
+            uniforms = self._rng.random(n)
+        else:
+            rehearsal = cast(int, self.config.rehearsal)
+            draws = self._rng.random((n, reservoir.draws_per_arrival(rehearsal)))
+            rows, slots, known, uniforms, arrival = reservoir.expand(
+                rows, slots, known, draws, rehearsal
+            )
         # ... which picks the negative uniformly among the other seen classes (learn_batch
         # does the same arithmetic for OPML/COPML; the others take these rows).
         negatives = (uniforms * np.maximum(known - 1, 0)).astype(np.int64)
@@ -616,7 +649,12 @@ class Learner:
         if race is not None and not race.started:
             race.start(self._tracks)
         racing = race is not None and not race.done
-        pinned = n > 1 or self.dim >= _THREADED_DIM or racing or self.config.algorithm == "sgd_psd"
+        pinned = (
+            len(rows) > 1
+            or self.dim >= _THREADED_DIM
+            or racing
+            or self.config.algorithm == "sgd_psd"
+        )
         # The step is memory-bound with an inner dimension of 2: one BLAS thread is as fast
         # on an idle machine and several times faster on a busy one. (sgd_psd's
         # eigendecompositions always run on one: the same rounding in learn_one.)
@@ -625,11 +663,15 @@ class Learner:
                 codes, values = self._run_gradient(rows, slots, known, negatives, fro2)
             elif race is None or not racing:
                 all_codes, all_values = self._run_tracks(
-                    rows, slots, known, uniforms, negatives, fro2
+                    rows, slots, known, uniforms, negatives, fro2, arrival=arrival
                 )
                 codes, values = all_codes[:, 0], all_values[:, 0]
             else:
-                codes, values = self._race_segments(race, rows, slots, known, uniforms, negatives)
+                codes, values = self._race_segments(
+                    race, rows, slots, known, uniforms, negatives, arrival
+                )
+        if arrival is not None:  # the arrivals' own results (rehearsed steps are not samples)
+            codes, values = codes[arrival], values[arrival]
         self._stats.samples_seen += n
         if n == 1:
             self._stats.outcomes[int(codes[0])] += 1
@@ -652,10 +694,12 @@ class Learner:
         negatives: Any,
         fro2: Array,
         t0: int = 0,
+        arrival: Any = None,
     ) -> tuple[Any, Array]:
         """OPML / COPML: a batch (or a race segment starting ``t0`` rows into it) through
         every track; the step masses at the served track's step size. Returns every track's
-        ``codes`` ``(n, k)`` and ``values`` ``(n, k, 4)``."""
+        ``codes`` ``(n, k)`` and ``values`` ``(n, k, 4)``. ``arrival``: with rehearsal, the rows
+        that are samples received (only they feed the calibrators)."""
         cfg, tracks = self.config, self._tracks
         self._stability.eta_triplet = float(tracks.gammas[tracks.served])
         all_codes, all_values = tracks.learn(
@@ -669,6 +713,7 @@ class Learner:
             cast(float, cfg.gamma_pair),
             float(cfg.margin),
             self._stream,
+            arrival,
         )
         served = all_codes[:, tracks.served]
         self._stability.observe(rows, slots, known, negatives, served, fro2, self._trained() + t0)
@@ -682,11 +727,15 @@ class Learner:
         known: Any,
         uniforms: Array,
         negatives: Any,
+        arrival: Any = None,
     ) -> tuple[Any, Array]:
         """Learn a batch during a race: cut where a rung ends (at a fixed triplet count, so
-        any batching gives the same state); each segment's results are its served track's."""
+        any batching gives the same state); each segment's results are its served track's.
+        With rehearsal only the arrivals' triplets count and are scored (``arrival``)."""
         n = len(rows)
         forms = (slots != known) & (known >= 2)  # the samples that form a triplet
+        if arrival is not None:
+            forms &= arrival
         codes = np.empty(n, dtype=np.int64)
         values = np.empty((n, 4))
         fro2 = np.full(n, np.nan)
@@ -702,6 +751,7 @@ class Learner:
                 negatives[part],
                 fro2[part],
                 start,
+                None if arrival is None else arrival[part],
             )
             codes[part] = seg_codes[:, served]
             values[part] = seg_values[:, served]
@@ -930,7 +980,8 @@ class Learner:
         without decay), ``buffer`` (H, one row per class) and ``calibration`` (its threshold
         window); while a ``gamma="auto"`` race runs, also ``tracks_L`` and
         ``tracks_calibration`` (every candidate's) and ``race_pairs`` (the current rung's
-        measurements). A store must keep every array it is given.
+        measurements); with ``rehearsal > 0``, ``rehearsal_rows`` and ``rehearsal_slots`` (the
+        reservoir). A store must keep every array it is given.
         """
         rng = self._rng.bit_generator.state
         track_arrays, track_meta = self._tracks.to_state()
@@ -960,6 +1011,9 @@ class Learner:
                 arrays["race_pairs"] = pairs
         held_arrays, meta["holdout"] = self.holdout.to_state()
         arrays.update(held_arrays)
+        if self._reservoir is not None:
+            rehearsal_arrays, meta["rehearsal"] = self._reservoir.to_state()
+            arrays.update(rehearsal_arrays)
         return arrays, meta
 
     @classmethod
@@ -1003,6 +1057,10 @@ class Learner:
             raise ValueError("state: buffer rows and classes do not match")
         for key, row in zip(classes, buffer, strict=True):
             learner._remember(key, row)
+        if (meta.get("rehearsal") is None) != (learner._reservoir is None):
+            raise ValueError("state: rehearsal reservoir does not match rehearsal")
+        if learner._reservoir is not None:
+            learner._reservoir.restore(arrays, meta["rehearsal"], len(classes))
         rng = meta["rng"]
         learner._rng.bit_generator.state = {
             "bit_generator": rng["bit_generator"],

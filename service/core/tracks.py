@@ -65,9 +65,11 @@ class Tracks:
         gamma_pair: float,
         margin: float,
         stream: Array,
+        observed: Any = None,
     ) -> tuple[Any, Array]:
         """Run the compiled loop on every track; each track's calibrator and counts take its
-        own results. Returns ``codes`` ``(n, k)`` and ``values`` ``(n, k, 4)``."""
+        own results (the calibrator only those of the rows ``observed`` marks, when given:
+        rehearsal's arrivals). Returns ``codes`` ``(n, k)`` and ``values`` ``(n, k, 4)``."""
         n, k = len(X), len(self)
         codes = np.empty((n, k), dtype=np.int64)
         values = np.empty((n, k, 4))
@@ -92,13 +94,15 @@ class Tracks:
         )
         for j in range(k):
             code = codes[:, j]
-            if n == 1:  # learn_one: spare it the array bookkeeping below
+            if n == 1 and observed is None:  # learn_one: spare it the bookkeeping below
                 c = int(code[0])
                 self.counts[j, c] += 1
                 if TRIPLET_CODES[0] <= c <= TRIPLET_CODES[-1]:
                     self.calibrators[j].observe(float(values[0, j, 1]), float(values[0, j, 2]))
                 continue
             triplets = (code >= TRIPLET_CODES[0]) & (code <= TRIPLET_CODES[-1])
+            if observed is not None:
+                triplets &= observed
             self.calibrators[j].observe_many(values[triplets, j, 1], values[triplets, j, 2])
             self.counts[j] += np.bincount(code, minlength=len(OUTCOMES))
         return codes, values
