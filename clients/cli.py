@@ -156,6 +156,8 @@ def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
                 "normalize",
                 "seed",
                 "auto_warmup",
+                "rehearsal",
+                "rehearsal_memory",
                 *GRADIENT,
             )
         }
@@ -520,6 +522,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--auto-warmup",
         type=int,
         help="opml/copml, --gamma auto: triplets raced before the winner is kept",
+    )
+    create.add_argument(
+        "--rehearsal",
+        type=int,
+        help="opml/copml: steps on reservoir samples after each learned sample (default 0)",
+    )
+    create.add_argument(
+        "--rehearsal-memory",
+        type=int,
+        help="opml/copml: the rehearsal reservoir's size (default 1000)",
     )
     create.add_argument(
         "--normalize", choices=["none", "l2"], help="scale samples and queries to unit norm (l2)"

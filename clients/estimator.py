@@ -45,6 +45,8 @@ def estimator_for(model: Model, L: Array) -> Estimator:
         race = model.race or {}
         params["gamma"] = race.get("winner") or model.gamma
         params["auto_warmup"] = int(model.raw.get("auto_warmup") or 1000)
+        params["rehearsal"] = int(model.raw.get("rehearsal") or 0)
+        params["rehearsal_memory"] = int(model.raw.get("rehearsal_memory") or 1000)
     estimator = cls(**params, random_state=model.seed)
     config = LearnerConfig(
         dim=model.dim,

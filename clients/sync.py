@@ -324,6 +324,8 @@ class OPMLClient:
         normalize: Literal["none", "l2"] | None = None,
         seed: int | None = None,
         auto_warmup: int | None = None,
+        rehearsal: int | None = None,
+        rehearsal_memory: int | None = None,
         eta: float | None = None,
         mu: float | None = None,
         kappa: float | None = None,
@@ -340,7 +342,9 @@ class OPMLClient:
         units); for ``sgd``, ``sgd_psd`` and ``brm`` ``"constant"``, ``"descent"`` (the
         default) or ``"invsqrt"``. ``gamma`` is OPML/COPML's step; ``gamma="auto"`` (with
         ``auto_warmup``, opml/copml only) has the service race step sizes on the first
-        ``auto_warmup`` triplets and keep the best (``Model.race`` says which won). ``eta``,
+        ``auto_warmup`` triplets and keep the best (``Model.race`` says which won).
+        ``rehearsal`` (opml/copml; default 0) follows each learned sample with that many steps on
+        samples drawn from a reservoir of ``rehearsal_memory`` past ones (default 1000). ``eta``,
         ``kappa`` (descent rule only) and ``lam`` belong to ``sgd``, ``sgd_psd`` and ``brm``,
         ``mu`` to the first two; for ``brm``, ``margin`` is tau < 1 (the README lists the
         ranges). A hyperparameter, or a ``step`` value, the algorithm does not use is refused
@@ -356,6 +360,8 @@ class OPMLClient:
             normalize=normalize,
             seed=seed,
             auto_warmup=auto_warmup,
+            rehearsal=rehearsal,
+            rehearsal_memory=rehearsal_memory,
             eta=eta,
             mu=mu,
             kappa=kappa,

@@ -79,6 +79,8 @@ def model_document(status: ModelStatus) -> dict[str, Any]:
         "seed": c.seed,
         "calibration_window": c.calibration_window,
         "auto_warmup": c.auto_warmup,
+        "rehearsal": c.rehearsal,
+        "rehearsal_memory": c.rehearsal_memory,
         "holdout": c.holdout,
         "holdout_window": c.holdout_window,
         "pac_bayes_prefix": c.pac_bayes_prefix,

@@ -116,6 +116,21 @@ class ModelCreate(_Body):
         "(default 1000; k = 4 learners during the first half, 2 during the second). Not used "
         "by the others.",
     )
+    rehearsal: StrictInt | None = Field(
+        default=None,
+        ge=0,
+        le=16,
+        description="opml/copml: after each learned sample, this many more steps on samples "
+        "drawn uniformly from a reservoir of past learned ones (default 0: one pass; each "
+        "costs one more step per sample). Not used by the others.",
+    )
+    rehearsal_memory: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="opml/copml: the rehearsal reservoir's size in samples (default 1000; "
+        "rehearsal_memory x d float64 in memory and in every checkpoint). Not used by the others.",
+    )
     normalize: Literal["none", "l2"] = "none"
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
     calibration_window: int = Field(
@@ -308,6 +323,14 @@ class ModelOut(BaseModel):
     calibration_window: int
     auto_warmup: int | None = Field(
         default=None, description='opml/copml: the gamma "auto" warm-up (null for the others).'
+    )
+    rehearsal: int | None = Field(
+        default=None,
+        description="opml/copml: rehearsal steps after each learned sample (null for the others "
+        "and from a process of a version without rehearsal).",
+    )
+    rehearsal_memory: int | None = Field(
+        default=None, description="opml/copml: the rehearsal reservoir's size (null as rehearsal)."
     )
     holdout: float
     holdout_window: int

@@ -64,6 +64,13 @@ def test_models_create_with_step_rules_and_gamma_auto(service: ServiceProcess, n
     assert out_of_range.returncode == 5 and "gamma" in out_of_range.stderr
     usage = opml(service, "models", "create", f"{name}-x", "--dim", "3", "--gamma", "fast")
     assert usage.returncode == 2 and "a number or auto" in usage.stderr
+    rehearsing = ok_json(
+        service, "models", "create", f"{name}-r", "--dim", "3", "--rehearsal", "2",
+        "--rehearsal-memory", "64",
+    )  # fmt: skip
+    assert (rehearsing["rehearsal"], rehearsing["rehearsal_memory"]) == (2, 64)
+    refused = opml(service, "models", "create", f"{name}-y", "--dim", "3", "--rehearsal", "99")
+    assert refused.returncode == 5 and "rehearsal" in refused.stderr
 
 
 def test_ingest_csv_by_header_name_then_rerun_logs_nothing(

@@ -564,3 +564,21 @@ def test_step_rules_gamma_auto_and_their_race(client: OPMLClient, name: str) -> 
     estimator = client.to_sklearn(name)
     assert (estimator.step, estimator.gamma) == ("scaled", model.race["winner"])
     np.testing.assert_array_equal(estimator.components_, L)
+
+
+def test_rehearsal_is_model_config_and_learns_as_the_core_does(
+    client: OPMLClient, name: str
+) -> None:
+    X, y = stream(300, 3, 4, seed=8)
+    model = client.create_model(name, 3, rehearsal=3, rehearsal_memory=40, seed=4)
+    assert (model.raw["rehearsal"], model.raw["rehearsal_memory"]) == (3, 40)
+    client.ingest(name, X, y)
+    L = client.metric(name, min_version=300)
+    np.testing.assert_array_equal(
+        L, core_learner(X, y, dim=3, rehearsal=3, rehearsal_memory=40, seed=4).L
+    )
+    estimator = client.to_sklearn(name)  # offline it keeps rehearsing
+    assert (estimator.rehearsal, estimator.rehearsal_memory) == (3, 40)
+    with pytest.raises(InvalidInput) as bad:
+        client.create_model(f"{name}-s", 3, algorithm="sgd", rehearsal=1)
+    assert bad.value.errors[0]["loc"] == ["body", "rehearsal"]

@@ -82,6 +82,11 @@ def test_step_rules_and_auto_are_model_config(api: httpx.Client, name: str) -> N
         ({"margin": 1e13, "step": "paper"}, "margin"),
         ({"step": "constant"}, "step"),
         ({"auto_warmup": 5}, "auto_warmup"),
+        ({"rehearsal": -1}, "rehearsal"),
+        ({"rehearsal": 17}, "rehearsal"),
+        ({"rehearsal": "2"}, "rehearsal"),
+        ({"rehearsal_memory": 0}, "rehearsal_memory"),
+        ({"algorithm": "sgd", "rehearsal": 1}, "rehearsal"),  # opml/copml only
         ({"dim": "4"}, "dim"),
     ],
 )
@@ -166,6 +171,8 @@ def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
 ) -> None:
     X, y = stream(900, 4, 5, seed=11)
     config = {"dim": 4, "gamma": "auto", "auto_warmup": 400, "seed": 3}
+    # and a model that rehearses (its reservoir is checkpointed state too)
+    rehearsing = {"dim": 4, "rehearsal": 2, "rehearsal_memory": 50, "seed": 5}
     # and a model whose monitor trips (the paper's rule on inputs of scale 1000)
     paper = {"dim": 4, "step": "paper", "seed": 3}
     # checkpoints every 70 samples: the kill leaves a log tail to replay after the last one
@@ -173,7 +180,10 @@ def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
     with svc.client() as api:
         make_model(api, "m", **config)
         make_model(api, "p", **paper)
+        made = make_model(api, "r", **rehearsing)
+        assert (made["rehearsal"], made["rehearsal_memory"]) == (2, 50)
         learn(api, "m", X[:300], y[:300], batch=40)  # the last checkpoints at 240
+        learn(api, "r", X[:300], y[:300], batch=40)
         learn(api, "p", 1000 * X[:300], y[:300], batch=40)
         assert api.get("/v1/models/m").json()["race"]["state"] == "racing"
         assert api.get("/v1/models/p").json()["health"]["times_tripped"] > 0
@@ -181,14 +191,20 @@ def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
     # a checkpoint taken mid-race holds every candidate's L and the rung's measurements
     arrays = json.loads(ckpt[b"meta"])["arrays"]
     assert {"tracks_L", "tracks_calibration", "race_pairs"} <= arrays.keys()
+    stored = json.loads(redis.Redis.from_url(own_redis.url).hget("opml:{r}:ckpt", "meta") or b"")
+    assert stored["arrays"]["rehearsal_rows"] == [50, 4]
     svc.kill()
     svc.start()
     with svc.client() as api:
         exposition = api.get("/metrics").text
         assert gauge(exposition, "opml_replayed_samples_total", "m") > 0
         assert gauge(exposition, "opml_replayed_samples_total", "p") > 0
+        assert gauge(exposition, "opml_replayed_samples_total", "r") > 0
         learn(api, "m", X[300:], y[300:], batch=50)
         learn(api, "p", 1000 * X[300:], y[300:], batch=50)
+        learn(api, "r", X[300:], y[300:], batch=50)
+        rehearsed = api.get("/v1/models/r").json()
+        rehearsed_metric = api.get("/v1/models/r/metric").json()
         model = api.get("/v1/models/m").json()
         metric = api.get("/v1/models/m/metric").json()
         tripped = api.get("/v1/models/p").json()
@@ -202,6 +218,8 @@ def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
     assert_same_state(model, metric, core_learner(X, y, **config))
     assert tripped["version"] == 900
     assert_same_state(tripped, tripped_metric, core_learner(1000 * X, y, **paper))
+    assert rehearsed["version"] == 900
+    assert_same_state(rehearsed, rehearsed_metric, core_learner(X, y, **rehearsing))
 
 
 @pytest.mark.parametrize("stored_step", ["absent", None])
