@@ -570,7 +570,8 @@ class Learner:
         return dict(zip(OUTCOMES, self._stats.outcomes.tolist(), strict=True))
 
     def buffer(self, label: int | str) -> Array:
-        """A copy of ``h_k``, the latest (normalised) sample of class ``label``."""
+        """A copy of ``h_k``, the latest (normalised) sample of class ``label``: with
+        ``rehearsal > 0``, the class's latest anchor, which may be a rehearsed sample."""
         key = label_key(label, "label")
         if key not in self._index:
             raise ValueError(f"label: class {key!r} has not been seen")
