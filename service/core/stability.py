@@ -16,7 +16,10 @@ active). ``eta_t`` is the rule's step before the ``descent`` cap (``eta`` or ``e
 ``gamma`` / ``gamma_pair`` for OPML/COPML, whose steps are in their own units): the cap depends
 on the data, so the drift bound must hold for the uncapped step of the other run. O(1) per
 step: one accumulator per buffer row, folded into a running max / sum when the row is
-overwritten. Reported (:class:`Stability`):
+overwritten. With ``rehearsal > 0`` (:mod:`service.core.rehearsal`) a rehearsed sample takes a
+new buffer entry, so its masses are kept per occurrence: ``n_samples`` counts occurrences and
+``S_i`` is one occurrence's mass, not the sum over a sample's occurrences. Reported
+(:class:`Stability`):
 
 * ``step_mass_max = max_i S_i``, ``step_mass_mean``, ``n_samples``, ``n_steps`` (steps that
   formed a triplet or pair), ``n_updates`` (steps that changed ``L``), ``sum_eta``;
