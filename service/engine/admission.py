@@ -10,7 +10,8 @@ call order. Past the caller's timeout the answer is "no room" (the API answers 5
 nothing).
 
 The default bound (``OPML_MAX_UNAPPLIED = 0``) is two learner batches' worth, at most
-:data:`AUTO_UNAPPLIED`: about constant learning time, hence lag, at any dimension.
+:data:`AUTO_UNAPPLIED`: about constant learning time, hence lag, at any dimension (and at any
+``rehearsal``: a batch holds ``1 / (1 + rehearsal)`` as many samples).
 
 Where the learner is depends on who learns the model: this process (its writer's position), or
 another one, which publishes its applied seq in Redis after every batch; a :class:`Progress`
@@ -34,25 +35,27 @@ MIN_BATCH = 32
 AUTO_UNAPPLIED = 2048
 
 
-def samples_per_batch(dim: int, batch_max: int) -> int:
+def samples_per_batch(dim: int, batch_max: int, steps: int = 1) -> int:
     """Samples the writer applies per batch at dimension ``dim``: ``batch_max`` (OPML_BATCH_MAX),
-    fewer at large d (about ``BATCH_WORK / d^2``, never fewer than ``MIN_BATCH``).
+    fewer at large d (about ``BATCH_WORK / d^2``, never fewer than ``MIN_BATCH``), divided by
+    ``steps``, the learner's steps per sample (``1 + rehearsal``).
 
-    >>> samples_per_batch(64, 4096), samples_per_batch(512, 4096)
-    (4096, 64)
+    >>> samples_per_batch(64, 4096), samples_per_batch(512, 4096), samples_per_batch(64, 4096, 3)
+    (4096, 64, 1365)
     """
-    return max(MIN_BATCH, min(batch_max, BATCH_WORK // (dim * dim)))
+    return max(MIN_BATCH, min(batch_max, BATCH_WORK // (dim * dim * steps)))
 
 
-def unapplied_limit(dim: int, batch_max: int, max_unapplied: int) -> int:
+def unapplied_limit(dim: int, batch_max: int, max_unapplied: int, steps: int = 1) -> int:
     """The backpressure bound: ``max_unapplied`` (OPML_MAX_UNAPPLIED), or automatically two
-    batches, at most :data:`AUTO_UNAPPLIED` (2048 samples at d = 64, 128 at d = 512).
+    batches, at most :data:`AUTO_UNAPPLIED` (2048 samples at d = 64, 128 at d = 512; ``steps``
+    as in :func:`samples_per_batch`).
 
     >>> unapplied_limit(64, 4096, 0), unapplied_limit(512, 4096, 0), unapplied_limit(64, 4096, 7)
     (2048, 128, 7)
     """
     return max_unapplied or min(
-        AUTO_UNAPPLIED, max(MIN_BATCH, 2 * samples_per_batch(dim, batch_max))
+        AUTO_UNAPPLIED, max(MIN_BATCH, 2 * samples_per_batch(dim, batch_max, steps))
     )
 
 

@@ -129,7 +129,9 @@ class ModelRuntime:
         #: writer, whose snapshots it follows).
         self._gallery: Gallery | None = None
         self.admission = Admission(
-            unapplied_limit(config.dim, settings.batch_max, settings.max_unapplied),
+            unapplied_limit(
+                config.dim, settings.batch_max, settings.max_unapplied, 1 + (config.rehearsal or 0)
+            ),
             self,
             self.metrics.backpressure_wait,
         )

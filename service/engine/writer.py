@@ -137,7 +137,9 @@ class Writer:
         self.synced_at: float | None = None
         #: Set once the log found at start-up has been applied.
         self.caught_up = asyncio.Event()
-        self.samples_per_batch = samples_per_batch(config.dim, settings.batch_max)
+        self.samples_per_batch = samples_per_batch(
+            config.dim, settings.batch_max, 1 + (config.rehearsal or 0)
+        )
         self._kick = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
