@@ -299,7 +299,8 @@ class Writer:
         # on the event loop instead: handing it to a thread and back costs more than learning
         # it (thread wake-ups, the GIL passed back and forth, the loop woken by the result).
         async with self._learning:
-            if _entry_samples(entries) * self.learner.dim**2 <= INLINE_WORK:
+            steps = 1 + (self.learner.config.rehearsal or 0)  # steps per sample
+            if _entry_samples(entries) * steps * self.learner.dim**2 <= INLINE_WORK:
                 runs, snapshot, samples = self._apply_entries(entries)
             else:
                 runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
