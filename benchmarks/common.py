@@ -58,9 +58,10 @@ class Config:
 
 
 #: Learners beside the paper's rule, as a user gets them: COPML with the library's defaults
-#: (``step="scaled"``, gamma 0.05, gamma_pair 0.1, margin 1) and with ``gamma="auto"``. Only
-#: ``normalize`` is taken from the Config.
-LIBRARY_METHODS = ("default", "auto")
+#: (``step="scaled"``, gamma 0.05, gamma_pair 0.1, margin 1), with ``gamma="auto"``, and with
+#: ``gamma="auto"`` and ``rehearsal=2`` (``service.core.rehearsal``). Only ``normalize`` is
+#: taken from the Config.
+LIBRARY_METHODS = ("default", "auto", "auto_rehearsal")
 
 
 def make_learner(method: str, config: Config, seed: int) -> Learner:

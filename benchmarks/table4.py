@@ -79,7 +79,7 @@ PAPER: dict[int, dict[str, float]] = {
 
 LAYOUTS = ("stratified", "rounds", "shuffled")
 #: The paper's rule (OPML, COPML with the command line's settings) and, beside it, COPML as the
-#: library ships it: ``default`` (step="scaled") and ``auto`` (gamma="auto").
+#: library ships it: ``default`` (step="scaled"), ``auto`` (gamma="auto") and ``auto_rehearsal``.
 ALL_METHODS = (*METHODS, *LIBRARY_METHODS)
 
 
@@ -196,11 +196,14 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def table_markdown(summary: dict[int, dict[str, Any]]) -> str:
+    diffs = ("OPML", "COPML", *LIBRARY_METHODS)
     lines = [
-        "| stream | Euclidean | paper | OPML | paper | COPML | paper | default | auto "
-        "| OPML-Eucl. (W/L) | COPML-Eucl. (W/L) | default-Eucl. (W/L) | auto-Eucl. (W/L) "
-        "| COPML-OPML (W/L) | first run | runs in train | classes in train |",
-        "|" + "---|" * 17,
+        "| stream | Euclidean | paper | OPML | paper | COPML | paper | "
+        + " | ".join(LIBRARY_METHODS)
+        + " | "
+        + " | ".join(f"{m}-Eucl. (W/L)" for m in diffs)
+        + " | COPML-OPML (W/L) | first run | runs in train | classes in train |",
+        "|" + "---|" * (11 + 2 * len(LIBRARY_METHODS)),
     ]
     for parts, row in summary.items():
         cells = [f"seg-{parts}"]
@@ -317,10 +320,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for layout, table in tables.items():
         md += [f"## Layout `{layout}`", "", table, ""]
     md += [
-        '`default` and `auto`: COPML as the library ships it (`step="scaled"`: gamma 0.05, '
-        "gamma_pair 0.1, margin 1 in units of the stream's typical squared difference; "
-        '`gamma="auto"`: four step sizes raced during the first 1,000 triplets), not set '
-        "from the command line. "
+        '`default`, `auto` and `auto_rehearsal`: COPML as the library ships it (`step="scaled"`: '
+        "gamma 0.05, gamma_pair 0.1, margin 1 in units of the stream's typical squared "
+        'difference; `gamma="auto"`: four step sizes raced during the first 1,000 triplets; '
+        "`auto_rehearsal`: `auto` with `rehearsal=2`, each sample followed by two steps on "
+        "samples drawn from a reservoir of past ones), not set from the command line. "
         "X-Y columns: mean paired difference over the same streams (negative = X better), with "
         "the number of repetitions X wins / loses. 'first run': mean length of the opening "
         "single-class run of the training stream (COPML's pair stage runs for its length minus "
