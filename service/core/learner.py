@@ -278,6 +278,18 @@ class LearnerConfig:
         for name, value in zip(names, checked, strict=True):
             object.__setattr__(self, name, value)
 
+    @property
+    def steps_per_sample(self) -> int:
+        """Steps the learner takes per learned sample: ``1 + rehearsal`` (1 without rehearsal
+        and for the gradient learners), what the writer sizes its batches by.
+
+        >>> LearnerConfig(dim=2).steps_per_sample
+        1
+        >>> LearnerConfig(dim=2, rehearsal=2).steps_per_sample
+        3
+        """
+        return 1 + (self.rehearsal or 0)
+
     def _refuse(self, names: tuple[str, ...], where: str) -> None:
         for name in names:
             if getattr(self, name) is not None:

@@ -130,7 +130,7 @@ class ModelRuntime:
         self._gallery: Gallery | None = None
         self.admission = Admission(
             unapplied_limit(
-                config.dim, settings.batch_max, settings.max_unapplied, 1 + (config.rehearsal or 0)
+                config.dim, settings.batch_max, settings.max_unapplied, config.steps_per_sample
             ),
             self,
             self.metrics.backpressure_wait,

@@ -138,7 +138,7 @@ class Writer:
         #: Set once the log found at start-up has been applied.
         self.caught_up = asyncio.Event()
         self.samples_per_batch = samples_per_batch(
-            config.dim, settings.batch_max, 1 + (config.rehearsal or 0)
+            config.dim, settings.batch_max, config.steps_per_sample
         )
         self._kick = asyncio.Event()
         self._stopping = False
@@ -299,7 +299,7 @@ class Writer:
         # on the event loop instead: handing it to a thread and back costs more than learning
         # it (thread wake-ups, the GIL passed back and forth, the loop woken by the result).
         async with self._learning:
-            steps = 1 + (self.learner.config.rehearsal or 0)  # steps per sample
+            steps = self.learner.config.steps_per_sample
             if _entry_samples(entries) * steps * self.learner.dim**2 <= INLINE_WORK:
                 runs, snapshot, samples = self._apply_entries(entries)
             else:
