@@ -272,8 +272,7 @@ def targets(cells: dict[str, dict[str, dict[str, Any]]]) -> tuple[list[str], dic
                 f"- **{method} {bar} ITML's verification AUC on {name}:** {status}"
                 + (f" ({method} - ITML by variant: {', '.join(rows)})." if rows else ".")
             )
-            key = f"auto_vs_itml_{name}" if method == "auto" else f"{method}_vs_itml_{name}"
-            verdict[key] = {"met": ok if rows else None, "gaps": rows}
+            verdict[f"{method}_vs_itml_{name}"] = {"met": ok if rows else None, "gaps": rows}
     return lines, verdict
 
 
