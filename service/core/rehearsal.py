@@ -136,8 +136,9 @@ class Reservoir:
         """The stream to learn: each arrival followed by its ``rehearsal`` steps. Returns rows,
         class slots, classes known before each row, triplet uniforms and the arrival mask."""
         n, d = rows.shape
-        grow = min(self.capacity, self.seen + n)
-        if grow > len(self._rows):
+        need = min(self.capacity, self.seen + n)
+        if need > len(self._rows):  # doubling (as the buffer H grows): O(1) copies per sample
+            grow = min(self.capacity, max(need, 2 * len(self._rows)))
             rows_, slots_ = np.empty((grow, d)), np.empty(grow, dtype=np.int64)
             rows_[: len(self._rows)] = self._rows
             slots_[: len(self._slots)] = self._slots
