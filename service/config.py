@@ -96,7 +96,7 @@ class Settings(BaseSettings):
         description="Backpressure: new appends wait while more than this many logged samples "
         "are not yet applied by the learner (at most OPML_APPLY_WAIT_S, then 503); bounds the "
         "ack-to-applied lag and the log's growth under overload. 0 = automatic: two learner "
-        "batches, at most 2048 (2048 at d = 64, 128 at d = 512).",
+        "batches, at most 8192 (8192 at d = 64, 2048 at d = 128, 128 at d = 512).",
     )
     checkpoint_every: int = Field(
         default=10_000, ge=1, description="Checkpoint after this many samples applied ..."

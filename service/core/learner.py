@@ -59,6 +59,7 @@ from service.core._validation import (
     check_positive,
     check_vector,
     label_key,
+    label_keys,
 )
 from service.core.brm import canonical_factor, restricted_root, restricted_squared_norms
 from service.core.calibration import ThresholdCalibrator
@@ -359,28 +360,27 @@ def normalize_rows(X: Array, how: Normalize) -> Array:
     """
     if how == "none":
         return X
-    scale = np.abs(X).max(axis=1, keepdims=True)
-    scale[scale == 0.0] = 1.0
-    Y = X / scale
-    norms = np.sqrt(np.einsum("ij,ij->i", Y, Y))[:, None]
-    norms[norms == 0.0] = 1.0
-    out: Array = Y / norms
-    return out
+    return _unit_rows(X, np.empty(X.shape))
 
 
-def _normalized_minus(X: Array, how: Normalize, A: Array, out: Array) -> Array:
-    """``normalize_rows(X, how) - A`` written into ``out``: bit for bit the same operations,
-    without the temporaries (``max |x| = max(max x, -min x)``; two passes and three
-    allocations fewer per block of a one-to-many query)."""
-    if how == "none":
-        return np.subtract(X, A, out=out)
+def _unit_rows(X: Array, out: Array) -> Array:
+    """``X``'s rows at unit L2 norm, written into ``out``: ``Y = X / max|x|``, then
+    ``Y / ||Y||`` (``max |x| = max(max x, -min x)``: no temporary for ``|X|``)."""
     scale = np.maximum(X.max(axis=1), -X.min(axis=1))
     scale[scale == 0.0] = 1.0
     np.divide(X, scale[:, None], out=out)
     norms = np.sqrt(np.einsum("ij,ij->i", out, out))
     norms[norms == 0.0] = 1.0
     np.divide(out, norms[:, None], out=out)
-    return np.subtract(out, A, out=out)
+    return out
+
+
+def _normalized_minus(X: Array, how: Normalize, A: Array, out: Array) -> Array:
+    """``normalize_rows(X, how) - A`` written into ``out``: bit for bit the same operations,
+    without a temporary per step (one allocation fewer per block of a one-to-many query)."""
+    if how == "none":
+        return np.subtract(X, A, out=out)
+    return np.subtract(_unit_rows(X, out), A, out=out)
 
 
 def _tracker(config: LearnerConfig) -> StabilityTracker:
@@ -611,7 +611,7 @@ class Learner:
         labels = list(y) if not isinstance(y, str) else [y]
         if len(labels) != Xs.shape[0]:
             raise ValueError(f"y: expected {Xs.shape[0]} labels, got {len(labels)}")
-        keys = [label_key(label, f"y[{i}]") for i, label in enumerate(labels)]
+        keys = label_keys(labels, "y")
         return self._route(Xs, keys, check_flags(holdout, len(keys)))
 
     def _route(self, X: Array, keys: list[str], flags: Flags | None) -> StepResults:
@@ -631,13 +631,18 @@ class Learner:
         slots = np.empty(n, dtype=np.int64)
         known = np.empty(n, dtype=np.int64)
         index, classes = self._index, self._classes
-        for t, key in enumerate(keys):
-            known[t] = len(classes)
-            slot = index.get(key)
-            if slot is None:
-                slot = index[key] = len(classes)
-                classes.append(key)
-            slots[t] = slot
+        found = list(map(index.get, keys))
+        if None in found:  # new classes: each takes the next slot as it first appears
+            for t, key in enumerate(keys):
+                known[t] = len(classes)
+                slot = index.get(key)
+                if slot is None:
+                    slot = index[key] = len(classes)
+                    classes.append(key)
+                slots[t] = slot
+        else:  # all known (the common case): the same slots, in one pass
+            slots[:] = cast(list[int], found)
+            known.fill(len(classes))
         self._reserve(len(classes))
         self._stability.reserve(len(classes))
         # Every sample draws one uniform, used when it forms a triplet (Sec. III-A), so the

@@ -25,7 +25,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from redis.exceptions import RedisError
 
 from service import telemetry
@@ -68,17 +67,19 @@ class IngestResult:
     results: list[dict[str, Any]] | None = None
 
 
-def fingerprint(X: Array, keys: list[str], holdout: Flags | None = None) -> str:
-    """A digest of an append's samples and their ``holdout`` flags (an idempotency key reused
-    with other samples is 409).
+def fingerprint(x: bytes, keys: list[str], holdout: Flags | None = None) -> str:
+    """A digest of an append's samples (``x``: their rows as logged, :func:`~service.storage.
+    codec.encode_vector`) and their ``holdout`` flags (an idempotency key reused with other
+    samples is 409).
 
-    >>> fingerprint(np.zeros((1, 2)), ["a"]) == fingerprint(np.zeros((1, 2)), ["a"])
+    >>> import numpy as np
+    >>> x = encode_vector(np.zeros((1, 2)))
+    >>> fingerprint(x, ["a"]) == fingerprint(encode_vector(np.zeros((1, 2))), ["a"])
     True
-    >>> X = np.zeros((1, 2))
-    >>> fingerprint(X, ["a"]) == fingerprint(X, ["a"], np.ones(1, dtype=bool))
+    >>> fingerprint(x, ["a"]) == fingerprint(x, ["a"], np.ones(1, dtype=bool))
     False
     """
-    h = hashlib.sha256(np.ascontiguousarray(X).tobytes())
+    h = hashlib.sha256(x)
     h.update("\x00".join(keys).encode())
     if holdout is not None:  # absent: the digest of samples logged before flags existed
         h.update(b"\x00holdout" + encode_flags(holdout))
@@ -354,7 +355,8 @@ class ModelRuntime:
     ) -> Appended:
         """Admit (backpressure), then log the samples atomically."""
         s = self.settings
-        digest = fingerprint(X, keys, holdout)
+        x = encode_vector(X)  # hashed and logged: the same bytes
+        digest = fingerprint(x, keys, holdout)
         try:
             room = await self.admission.wait_room(len(keys), s.apply_wait_s)  # in call order
         except ModelClosed:
@@ -370,11 +372,11 @@ class ModelRuntime:
             )
         try:
             # No await between the room check and this enqueue: calls are logged in call order.
-            group = Group(encode_vector(X), keys, idempotency_field, digest, encode_flags(holdout))
+            group = Group(x, keys, idempotency_field, digest, encode_flags(holdout))
             appended = await self.appender.append(group)
             if not appended.replayed:
                 if self.writer is not None:  # it may apply them without reading them back
-                    self.writer.offer(appended, group)
+                    self.writer.offer(appended, group, (X, keys, holdout))
                 self._notify_logged(appended.last_seq)  # before admission.done: no gap
         except NoSuchModel:
             raise NotFound(f"model {self.name!r} does not exist") from None

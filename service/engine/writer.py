@@ -32,7 +32,8 @@ is less than :data:`SKIP_READ_S` old. The reads that still happen at least that 
 publish the applied seq, see entries appended through other processes, and notice a
 checkpoint written by another owner. The entries are the same bytes either way (the offered
 one is the very group that the append script logged), so the learner's result does not
-change.
+change; an offered entry also comes with the samples it was encoded from (rows, class keys,
+flags), which are what decoding its bytes gives back, so it is not decoded either.
 
 It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
 when the registry relays an append made through another process (the model's
@@ -61,8 +62,9 @@ from redis.exceptions import RedisError
 from service import telemetry
 from service.config import Settings
 from service.core import Learner, LearnerConfig, StepResults
+from service.core._validation import Array
 from service.core.certificates import Certificate, Method
-from service.core.holdout import Holdout
+from service.core.holdout import Flags, Holdout
 from service.engine.admission import samples_per_batch
 from service.engine.certify import certify
 from service.engine.lease import Lease
@@ -86,6 +88,9 @@ log = logging.getLogger("service.writer")
 #: A log entry as read: (id, fields); and a batch of them.
 Entry = tuple[StreamId, dict[bytes, bytes]]
 Entries = list[Entry]
+#: The samples of a sample entry, as decoding it gives them: rows, class keys, ``holdout``
+#: flags (None: none set).
+Decoded = tuple[Array, list[str], Flags | None]
 
 #: Longest wait, after a batch that reached the end of the log, before the read that publishes
 #: its applied seq (see the module docstring); the admission control of other processes polls
@@ -148,8 +153,9 @@ class Writer:
         self._saved: StreamId | None = None  # log position of our latest checkpoint
         self._per_entry = 1.0  # samples per log entry in the latest batch
         self._replaying = False  # applying the log tail found at start-up
-        #: Appends of this process as logged: first seq -> (puts before it, the entry).
-        self._offered: dict[int, tuple[int, Entry]] = {}
+        #: Appends of this process as logged: first seq -> (puts before it, the entry, its
+        #: samples decoded).
+        self._offered: dict[int, tuple[int, Entry, Decoded | None]] = {}
         self._read_at: float | None = None  # monotonic time of the latest log read
         self.offered_applied = 0  # entries applied as offered (not read back)
         #: Held while the learner changes (a batch, from reading it to publishing its
@@ -196,27 +202,30 @@ class Writer:
         self.logged_seq = max(self.logged_seq, last_seq)
         self._kick.set()
 
-    def offer(self, appended: Appended, group: Group) -> None:
+    def offer(self, appended: Appended, group: Group, decoded: Decoded | None = None) -> None:
         """``group`` was logged by this process as one entry (``appended``): keep it, to be
-        applied without a read when it is the log's next entry (see the module docstring)."""
+        applied without a read when it is the log's next entry (see the module docstring).
+        ``decoded``: the samples ``group`` was encoded from (what decoding it gives back)."""
         if appended.puts < 0 or len(self._offered) >= MAX_OFFERED:
             return
         entry = ((appended.last_seq, 1), group.entry_fields())
-        self._offered[appended.first_seq] = (appended.puts, entry)
+        self._offered[appended.first_seq] = (appended.puts, entry, decoded)
 
-    def _next_offered(self, count: int) -> Entries:
+    def _next_offered(self, count: int) -> tuple[Entries, list[Decoded | None]]:
         """The offered entries that certainly follow the applied state in the log (at most
-        ``count``), in order, taken."""
+        ``count``), in order, taken; and their samples as offered."""
         version = self.board.current.version
         entries: Entries = []
+        decoded: list[Decoded | None] = []
         while len(entries) < count and (offered := self._offered.get(version + 1)) is not None:
-            puts, entry = offered
+            puts, entry, samples = offered
             if puts != self.metric_puts:  # a metric replacement comes first: read the log
                 break
             del self._offered[version + 1]
             entries.append(entry)
+            decoded.append(samples)
             version = entry[0][0]
-        return entries
+        return entries, decoded
 
     def _may_skip_read(self, now: float) -> bool:
         return (
@@ -261,9 +270,9 @@ class Writer:
         self._kick.clear()
         per_batch = self.samples_per_batch  # about that many samples, however many per entry
         count = max(1, min(per_batch, round(per_batch / self._per_entry)))
-        offered = self._next_offered(count) if self._may_skip_read(read_at) else []
+        offered, decoded = self._next_offered(count) if self._may_skip_read(read_at) else ([], [])
         if offered:
-            await self._apply(offered)
+            await self._apply(offered, decoded)
             self.offered_applied += len(offered)
             if self.lease.held and self._checkpoint_due():
                 await self._write_checkpoint()
@@ -291,7 +300,7 @@ class Writer:
             return 0.0
         return PUBLISH_DELAY_S if tail.entries else self.settings.poll_interval_s
 
-    async def _apply(self, entries: Entries) -> None:
+    async def _apply(self, entries: Entries, decoded: list[Decoded | None] | None = None) -> None:
         started = time.perf_counter()
         # Decoding, learning and building the snapshot all run in a worker thread (the
         # compiled kernel releases the GIL), so the event loop stays free for ingestion and
@@ -301,9 +310,11 @@ class Writer:
         async with self._learning:
             steps = self.learner.config.steps_per_sample
             if _entry_samples(entries) * steps * self.learner.dim**2 <= INLINE_WORK:
-                runs, snapshot, samples = self._apply_entries(entries)
+                runs, snapshot, samples = self._apply_entries(entries, decoded)
             else:
-                runs, snapshot, samples = await asyncio.to_thread(self._apply_entries, entries)
+                runs, snapshot, samples = await asyncio.to_thread(
+                    self._apply_entries, entries, decoded
+                )
             for seqs, results in runs:
                 self.metrics.count_steps(results.counts())
                 if self._replaying:
@@ -318,10 +329,11 @@ class Writer:
         self._certificate_due(snapshot.version)
 
     def _apply_entries(
-        self, entries: Entries
+        self, entries: Entries, decoded: list[Decoded | None] | None = None
     ) -> tuple[list[tuple[list[int], StepResults]], Snapshot, int]:
         """Apply log entries in order (worker thread): per run of sample entries, the seqs of
-        its samples and their results; the snapshot after the last entry; the sample count."""
+        its samples and their results; the snapshot after the last entry; the sample count.
+        ``decoded``: per entry, its samples when already at hand (None: decode the entry)."""
         d = self.learner.dim
         runs: list[tuple[list[int], StepResults]] = []
         blocks: list[np.ndarray[Any, Any]] = []
@@ -345,15 +357,20 @@ class Writer:
                 keys.clear()
                 seqs.clear()
 
-        for (last, _part), fields in entries:
+        for i, ((last, _part), fields) in enumerate(entries):
             if b"L" in fields:  # a metric replacement, ordered in the log (PUT metric)
                 flush()
                 self.learner.set_metric(decode_vector(fields[b"L"], d * d).reshape(d, d))
                 self.metric_puts += 1
                 continue
-            X, labels = decode_entry(fields, d)
+            samples_at_hand = decoded[i] if decoded else None
+            if samples_at_hand is None:
+                X, labels = decode_entry(fields, d)
+                marks = entry_flags(fields, len(labels))
+            else:
+                X, labels, marks = samples_at_hand
             blocks.append(X)
-            flags.append(entry_flags(fields, len(labels)))
+            flags.append(marks)
             keys.extend(labels)
             seqs.extend(range(last - len(labels) + 1, last + 1))
             samples += len(labels)
