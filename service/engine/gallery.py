@@ -390,7 +390,7 @@ class Gallery:
         view, snap = self.view, self.board.current
         if snap is view.snapshot:
             return 0.0
-        rank = step_rank(view.snapshot, snap)
+        rank = step_rank(view.snapshot, snap) if view.rows.n else None  # empty: no product
         d = self.config.dim
         started = time.perf_counter()
         work = view.rows.n * d * d

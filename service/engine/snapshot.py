@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -140,6 +141,12 @@ class SnapshotBoard:
         self.current = snapshot
         self.closed: ModelClosed | None = None
         self._changed = asyncio.Event()
+        #: Callers in :meth:`wait_changed` or :meth:`wait_applied` (a ``min_version`` query,
+        #: a ``?wait=true`` ingestion, an append held back by admission control): someone
+        #: for whom the next snapshot is urgent (the writer then applies without delay).
+        self.waiting = 0
+        #: Called when such a wait begins (the writer: look at the log now).
+        self.on_wait: Callable[[], None] | None = None
 
     def publish(self, snapshot: Snapshot) -> None:
         """Make ``snapshot`` the one queries read, and wake every waiter."""
@@ -158,7 +165,17 @@ class SnapshotBoard:
         self.wake()
 
     async def wait_changed(self, timeout: float | None) -> None:
-        """Wait for the next :meth:`wake` (at most ``timeout`` seconds)."""
+        """Wait for the next :meth:`wake` (at most ``timeout`` seconds), counted in
+        :attr:`waiting`."""
+        self.waiting += 1
+        if self.on_wait is not None:
+            self.on_wait()
+        try:
+            await self._wait(timeout)
+        finally:
+            self.waiting -= 1
+
+    async def _wait(self, timeout: float | None) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), timeout)
 
@@ -177,7 +194,7 @@ class SnapshotBoard:
     async def wait_newer(self, seen: Snapshot) -> Snapshot:
         """The first snapshot published after ``seen`` (ModelClosed if the model closes)."""
         while self.current is seen and self.closed is None:
-            await self.wait_changed(None)
+            await self._wait(None)  # not urgent: a reader of every change (events, gallery)
         if self.closed is not None:
             raise self.closed
         return self.current

@@ -35,6 +35,15 @@ one is the very group that the append script logged), so the learner's result do
 change; an offered entry also comes with the samples it was encoded from (rows, class keys,
 flags), which are what decoding its bytes gives back, so it is not decoded either.
 
+Offered appends of a few samples are held back a little before they are learned, so that one
+batch learns several of them (with one sample per request, most of the cost of learning a
+sample is the batch's own: a snapshot, its reports, the bookkeeping): until
+:data:`COALESCE_SAMPLES` samples are offered or the oldest has waited :data:`APPLY_DELAY_S`,
+unless someone waits for the next snapshot (a ``min_version`` query, a ``?wait=true``
+ingestion, an append held back by admission control: :attr:`SnapshotBoard.waiting`), who gets
+it at once. The acknowledgements do not wait for learning, so this only adds to the
+ack-to-applied lag, at most :data:`APPLY_DELAY_S`.
+
 It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
 when the registry relays an append made through another process (the model's
 ``opml:appended:<name>`` pub/sub channel), and at the latest every ``OPML_POLL_INTERVAL_S``.
@@ -100,6 +109,10 @@ PUBLISH_DELAY_S = 0.02
 MAX_OFFERED = 4096
 #: An offered entry is applied without a read only this soon after the latest read.
 SKIP_READ_S = PUBLISH_DELAY_S
+#: Offered appends are learned together once this many samples are offered (at most a batch)...
+COALESCE_SAMPLES = 64
+#: ... or once the oldest of them was offered this long ago (see the module docstring).
+APPLY_DELAY_S = 0.005
 #: A batch of at most this many multiply-adds (samples x d^2) is applied on the event loop,
 #: not in a worker thread: 32 samples at d = 64, 2 at d = 256 (tens of microseconds).
 INLINE_WORK = 1 << 17
@@ -135,6 +148,7 @@ class Writer:
         self.learner = Learner(config)
         self.metric_puts = 0
         self.board = SnapshotBoard(Snapshot.of(self.learner, (0, 0), 0))
+        self.board.on_wait = self.kick  # someone waits for the next snapshot: no delay
         #: The highest seq known to be logged (our appends, the log, the applied state).
         self.logged_seq = 0
         self.checkpoint = CheckpointInfo()
@@ -154,8 +168,8 @@ class Writer:
         self._per_entry = 1.0  # samples per log entry in the latest batch
         self._replaying = False  # applying the log tail found at start-up
         #: Appends of this process as logged: first seq -> (puts before it, the entry, its
-        #: samples decoded).
-        self._offered: dict[int, tuple[int, Entry, Decoded | None]] = {}
+        #: samples decoded, when it was offered).
+        self._offered: dict[int, tuple[int, Entry, Decoded | None, float]] = {}
         self._read_at: float | None = None  # monotonic time of the latest log read
         self.offered_applied = 0  # entries applied as offered (not read back)
         #: Held while the learner changes (a batch, from reading it to publishing its
@@ -209,7 +223,7 @@ class Writer:
         if appended.puts < 0 or len(self._offered) >= MAX_OFFERED:
             return
         entry = ((appended.last_seq, 1), group.entry_fields())
-        self._offered[appended.first_seq] = (appended.puts, entry, decoded)
+        self._offered[appended.first_seq] = (appended.puts, entry, decoded, time.monotonic())
 
     def _next_offered(self, count: int) -> tuple[Entries, list[Decoded | None]]:
         """The offered entries that certainly follow the applied state in the log (at most
@@ -218,7 +232,7 @@ class Writer:
         entries: Entries = []
         decoded: list[Decoded | None] = []
         while len(entries) < count and (offered := self._offered.get(version + 1)) is not None:
-            puts, entry, samples = offered
+            puts, entry, samples, _ = offered
             if puts != self.metric_puts:  # a metric replacement comes first: read the log
                 break
             del self._offered[version + 1]
@@ -226,6 +240,24 @@ class Writer:
             decoded.append(samples)
             version = entry[0][0]
         return entries, decoded
+
+    def _hold(self, now: float) -> float:
+        """How long to hold the offered entries that follow the applied state back, to learn
+        them with the next ones (0: learn them now; see the module docstring)."""
+        if self._stopping or self.board.waiting:
+            return 0.0
+        version = self.board.current.version
+        first = self._offered.get(version + 1)
+        if first is None:
+            return 0.0
+        enough = min(COALESCE_SAMPLES, self.samples_per_batch)
+        while (offered := self._offered.get(version + 1)) is not None:
+            last = offered[1][0][0]
+            enough -= last - version
+            if enough <= 0:
+                return 0.0
+            version = last
+        return max(0.0, first[3] + APPLY_DELAY_S - now)
 
     def _may_skip_read(self, now: float) -> bool:
         return (
@@ -250,7 +282,8 @@ class Writer:
                 backoff = 0.1
                 if wait > 0:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._kick.wait(), wait)
+                        async with asyncio.timeout(wait):  # no task per wait, as wait_for makes
+                            await self._kick.wait()
             except RedisError as exc:
                 telemetry.REDIS_ERROR["writer"].inc()
                 log.warning("%s: Redis error in the writer (%s); retrying", self.name, exc)
@@ -263,14 +296,21 @@ class Writer:
     async def _step(self) -> float:
         """Read and apply one batch (checkpoint when due); how long the next read may wait for
         an append: 0 while the log has more, :data:`PUBLISH_DELAY_S` after a batch that reached
-        its end, the poll interval when it had nothing."""
+        its end, the poll interval when it had nothing; or how long offered appends are held
+        back (:meth:`_hold`) when it applied nothing for that reason."""
         read_at = time.monotonic()
         # Cleared before the read: an append that lands during the read sets it again, so the
         # wait in the loop cannot sleep through it.
         self._kick.clear()
         per_batch = self.samples_per_batch  # about that many samples, however many per entry
         count = max(1, min(per_batch, round(per_batch / self._per_entry)))
-        offered, decoded = self._next_offered(count) if self._may_skip_read(read_at) else ([], [])
+        offered: Entries = []
+        decoded: list[Decoded | None] = []
+        if self._may_skip_read(read_at):
+            hold = self._hold(read_at)
+            if hold > 0.0:  # woken by the next offer, an urgent waiter, or the delay's end
+                return hold
+            offered, decoded = self._next_offered(count)
         if offered:
             await self._apply(offered, decoded)
             self.offered_applied += len(offered)

@@ -103,3 +103,64 @@ def test_an_offered_append_waits_for_a_metric_replacement_logged_before_it(
     ref.set_metric(M)
     ref.learn_many(X[6:], y[6:])
     np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
+
+
+def _count_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The number of log entries of every batch the writers apply from now on."""
+    batches: list[int] = []
+    apply_entries = writer_module.Writer._apply_entries
+
+    def counted(self: writer_module.Writer, entries: Any, decoded: Any = None) -> Any:
+        batches.append(len(entries))
+        return apply_entries(self, entries, decoded)
+
+    monkeypatch.setattr(writer_module.Writer, "_apply_entries", counted)
+    return batches
+
+
+def test_offered_appends_are_held_back_and_learned_together_when_someone_waits(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Single-sample appends nobody waits for are held back (here: for good) and learned in
+    one batch; a ``min_version`` read is urgent and gets them at once, learned exactly."""
+    monkeypatch.setattr(writer_module, "SKIP_READ_S", 3600.0)
+    monkeypatch.setattr(writer_module, "APPLY_DELAY_S", 3600.0)
+    batches = _count_batches(monkeypatch)
+    X, y = stream(5, 3, 2, seed=3)
+
+    async def body(runtime: ModelRuntime) -> tuple[int, np.ndarray]:
+        for i in range(len(y)):
+            done = await runtime.ingest(X[i : i + 1], [y[i]])
+            assert done.first_seq == i + 1
+        assert runtime.snapshot.version == 0  # held back (nobody waits)
+        snapshot = await runtime.read(min_version=len(y))
+        return snapshot.version, snapshot.L
+
+    version, L = run_with_runtime(redis_url, body)
+    assert version == len(y)
+    assert batches == [len(y)]
+    ref = Learner(CONFIG)
+    ref.learn_many(X, y)
+    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
+
+
+def test_held_back_appends_are_learned_after_the_delay_or_once_enough(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without any waiter: a few samples are learned once the delay has passed; a block of
+    ``COALESCE_SAMPLES`` at once, whatever the delay."""
+    monkeypatch.setattr(writer_module, "SKIP_READ_S", 3600.0)
+    X, y = stream(3 + writer_module.COALESCE_SAMPLES, 3, 3, seed=5)
+
+    async def body(runtime: ModelRuntime) -> int:
+        monkeypatch.setattr(writer_module, "APPLY_DELAY_S", 0.05)
+        for i in range(3):
+            await runtime.ingest(X[i : i + 1], [y[i]])
+        await until(lambda: runtime.snapshot.version == 3)
+        monkeypatch.setattr(writer_module, "APPLY_DELAY_S", 3600.0)
+        await runtime.ingest(X[3:], y[3:])
+        await until(lambda: runtime.snapshot.version == len(y))
+        assert runtime.writer is not None
+        return runtime.writer.offered_applied
+
+    assert run_with_runtime(redis_url, body) == 4  # all applied as offered
