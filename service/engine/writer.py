@@ -114,8 +114,12 @@ COALESCE_SAMPLES = 64
 #: ... or once the oldest of them was offered this long ago (see the module docstring).
 APPLY_DELAY_S = 0.005
 #: A batch of at most this many multiply-adds (samples x d^2) is applied on the event loop,
-#: not in a worker thread: 32 samples at d = 64, 2 at d = 256 (tens of microseconds).
-INLINE_WORK = 1 << 17
+#: not in a worker thread: 256 samples at d = 64, 16 at d = 256 (at most about a millisecond).
+#: A worker thread needs the GIL for the Python between its kernels, and behind a busy event
+#: loop it waits for it (up to the 5 ms switch interval) every time: one-sample JSON frames at
+#: d = 64 with 2^17 here made batches of ~180 samples take 12 ms in the thread (lag p99 114 ms)
+#: and 0.6 ms on the loop (lag p99 16 ms), at the same throughput.
+INLINE_WORK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -344,9 +348,10 @@ class Writer:
         started = time.perf_counter()
         # Decoding, learning and building the snapshot all run in a worker thread (the
         # compiled kernel releases the GIL), so the event loop stays free for ingestion and
-        # queries; only the bookkeeping below runs on it. A batch of a few samples is applied
-        # on the event loop instead: handing it to a thread and back costs more than learning
-        # it (thread wake-ups, the GIL passed back and forth, the loop woken by the result).
+        # queries; only the bookkeeping below runs on it. A small batch (INLINE_WORK) is
+        # applied on the event loop instead: handing it to a thread and back costs more than
+        # learning it (thread wake-ups, the GIL passed back and forth, the loop woken by the
+        # result, and behind a busy loop a wait for the GIL at every kernel's return).
         async with self._learning:
             steps = self.learner.config.steps_per_sample
             if _entry_samples(entries) * steps * self.learner.dim**2 <= INLINE_WORK:
