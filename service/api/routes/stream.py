@@ -157,7 +157,7 @@ async def _answer(
             items = frame.as_samples()
             loc = ["samples"] if frame.samples is not None else []
             indexed = frame.samples is not None
-        id_json = json.dumps(frame.id)
+        id_json = str(frame.id) if type(frame.id) is int else json.dumps(frame.id)
         result = await ingest(
             runtime,
             items,
