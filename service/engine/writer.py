@@ -27,13 +27,16 @@ An append made through this process is also handed to the writer as it was logge
 applies an offered entry in place of a read when that entry is certainly the next one of the
 log (its first seq follows the applied version, and no metric replacement was logged that is
 not applied yet: the append script returns the count of those, ``puts``), while the lease is
-held, the log tail found at start-up is applied, no replicas are awaited, and the latest read
-is less than :data:`SKIP_READ_S` old. The reads that still happen at least that often
-publish the applied seq, see entries appended through other processes, and notice a
-checkpoint written by another owner. The entries are the same bytes either way (the offered
-one is the very group that the append script logged), so the learner's result does not
-change; an offered entry also comes with the samples it was encoded from (rows, class keys,
-flags), which are what decoding its bytes gives back, so it is not decoded either.
+held, the log tail found at start-up is applied, and no replicas are awaited. A read still
+happens at least every :data:`SKIP_READ_S`: it publishes the applied seq, sees entries appended
+through other processes, and notices a checkpoint written by another owner. While offered
+entries flow it reads one entry, not a batch: when that entry is the next offered one, the
+offered ones still follow the applied state and are applied as offered (a batch of entries read
+back costs its bytes a second time through Redis and the decoder). The entries are the same
+bytes either way (the offered one is the very group that the append script logged), so the
+learner's result does not change; an offered entry also comes with the samples it was encoded
+from (rows, class keys, flags), which are what decoding its bytes gives back, so it is not
+decoded either.
 
 Offered appends of a few samples are held back a little before they are learned, so that one
 batch learns several of them (with one sample per request, most of the cost of learning a
@@ -90,7 +93,7 @@ from service.storage.codec import (
     entry_flags,
     format_id,
 )
-from service.storage.store import Appended, Fenced, Group, Store
+from service.storage.store import Appended, Fenced, Group, Store, Tail
 
 log = logging.getLogger("service.writer")
 
@@ -263,14 +266,42 @@ class Writer:
             version = last
         return max(0.0, first[3] + APPLY_DELAY_S - now)
 
-    def _may_skip_read(self, now: float) -> bool:
+    def _may_apply_offered(self) -> bool:
+        """Whether offered entries may stand in for reads now (see the module docstring)."""
         return (
             self._read_at is not None
-            and now - self._read_at < SKIP_READ_S
             and not self._replaying
             and self.lease.held
             and not self.store.wait_replicas
         )
+
+    def _read_recently(self, now: float) -> bool:
+        return self._read_at is not None and now - self._read_at < SKIP_READ_S
+
+    async def _light_read(self, read_at: float) -> bool:
+        """The read due every :data:`SKIP_READ_S` while offered entries flow, of one entry
+        (not a batch: the offered ones are the same bytes): it publishes the applied seq and
+        shows a checkpoint of another owner. True when that entry is the next offered one, so
+        the offered entries still follow the applied state in the log."""
+        current = self.board.current
+        tail = await self.store.read_tail(
+            self.name, after(current.applied), 1, applied=current.version
+        )
+        self._read_at = read_at
+        if self._overtaken(tail):
+            return False
+        offered = self._offered.get(current.version + 1)
+        return bool(tail.entries) and offered is not None and tail.entries[0][0] == offered[1][0]
+
+    def _overtaken(self, tail: Tail) -> bool:
+        """Whether another process checkpointed past the applied state: then it owns the model
+        (we were paused past our lease, or fenced); stop learning (the registry drops us)."""
+        checkpointed = tail.checkpoint_applied
+        if checkpointed is None or checkpointed <= self.board.current.applied:
+            return False
+        self.lease.lose("another process checkpointed past this one's position")
+        self._stopping = True
+        return True
 
     def kick(self) -> None:
         """Look at the log (and whether a checkpoint is due) now."""
@@ -310,11 +341,14 @@ class Writer:
         count = max(1, min(per_batch, round(per_batch / self._per_entry)))
         offered: Entries = []
         decoded: list[Decoded | None] = []
-        if self._may_skip_read(read_at):
+        if self._may_apply_offered() and self.board.current.version + 1 in self._offered:
             hold = self._hold(read_at)
             if hold > 0.0:  # woken by the next offer, an urgent waiter, or the delay's end
                 return hold
-            offered, decoded = self._next_offered(count)
+            if self._read_recently(read_at) or await self._light_read(read_at):
+                offered, decoded = self._next_offered(count)
+            if self._stopping:
+                return 0.0
         if offered:
             await self._apply(offered, decoded)
             self.offered_applied += len(offered)
@@ -326,11 +360,7 @@ class Writer:
             self.name, after(current.applied), count, applied=current.version
         )
         self._read_at = read_at
-        if tail.checkpoint_applied is not None and tail.checkpoint_applied > current.applied:
-            # Another process checkpointed past us: it owns the model now (we were paused past
-            # our lease, or fenced). Stop learning; the registry drops this writer.
-            self.lease.lose("another process checkpointed past this one's position")
-            self._stopping = True
+        if self._overtaken(tail):
             return 0.0
         if tail.entries:
             await self._apply(tail.entries)

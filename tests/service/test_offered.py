@@ -18,7 +18,7 @@ from service.core import Learner, LearnerConfig
 from service.engine import writer as writer_module
 from service.engine.runtime import ModelRuntime
 from service.storage.codec import encode_vector
-from service.storage.store import Store
+from service.storage.store import Group, Store
 from service.storage.store import connect as redis_connect
 from tests.service.support import stream
 
@@ -164,3 +164,46 @@ def test_held_back_appends_are_learned_after_the_delay_or_once_enough(
         return runtime.writer.offered_applied
 
     assert run_with_runtime(redis_url, body) == 4  # all applied as offered
+
+
+def test_the_periodic_read_takes_one_entry_and_sees_an_append_of_another_process(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a read due at every step, offered appends are still applied as offered after a
+    one-entry read shows they are the log's next; an entry appended by someone else (straight
+    to the store, as another process does) between two offered ones is read, in log order."""
+    monkeypatch.setattr(writer_module, "SKIP_READ_S", 0.0)  # every step reads
+    monkeypatch.setattr(writer_module, "APPLY_DELAY_S", 0.0)
+    X, y = stream(14, 3, 3, seed=9)
+    reads: list[int] = []
+    read_tail = Store.read_tail
+
+    async def counted(self: Store, name: str, after: str, count: int, *, applied: int) -> Any:
+        reads.append(count)
+        return await read_tail(self, name, after, count, applied=applied)
+
+    monkeypatch.setattr(Store, "read_tail", counted)
+
+    async def body(runtime: ModelRuntime) -> tuple[int, np.ndarray]:
+        writer = runtime.writer
+        assert writer is not None
+        for i in range(6):
+            await runtime.ingest(X[i : i + 1], [y[i]], wait=True)
+        assert writer.offered_applied == 6
+        async with writer._learning:  # the foreign entry lands between two offered ones
+            await runtime.ingest(X[6:8], y[6:8])
+            foreign = Group(encode_vector(X[8:10]), list(y[8:10]), "", "f" * 32)
+            await runtime.store.append_groups(
+                runtime.name, [foreign], now_ms=0, ttl_ms=60_000, max_classes=100
+            )
+            runtime._notify_logged(10)
+            await runtime.ingest(X[10:], y[10:])
+        await until(lambda: runtime.snapshot.version == len(y))
+        return writer.offered_applied, runtime.snapshot.L
+
+    offered, L = run_with_runtime(redis_url, body)
+    assert 1 in reads  # the one-entry reads
+    assert 6 <= offered <= 8  # the foreign entry and the one after it were read back
+    ref = Learner(CONFIG)
+    ref.learn_many(X, y)
+    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
