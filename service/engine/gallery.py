@@ -18,10 +18,13 @@ views and matches, and knows no HTTP.
 * **The refresher** (one task per model) waits for a new snapshot and brings the view up to it
   in a worker thread (full or incremental, :func:`~service.core.gallery.refresh_method`), one
   refresh at a time: snapshots published during a refresh are taken together by the next one,
-  never blocking the event loop. It takes at most half of one core: a refresh that took ``t``
-  is followed by a pause of ``t``, so under a fast stream the view follows the learner a few
-  refreshes behind rather than starving it. ``min_version`` waits until the view is
-  transformed to at least that version.
+  never blocking the event loop. It takes at most a quarter of one core: a refresh that took
+  ``t`` is followed by a pause of ``3 t``, so under a fast stream the view follows the learner
+  a few refreshes behind (10,000 x 128 at 20,000 samples/s: a full refresh of ~14 ms every
+  ~56 ms) rather than taking the cores that queries and ingestion need; half of one core made
+  the identify p99 of ``benchmarks/identify.py`` during that ingestion 6.3-6.6 ms, a quarter
+  4.7 ms (ad hoc runs of its 10,000 x 128 phase). ``min_version`` waits until the view is
+  transformed to at least that version; such a wait cuts the pause short.
 * **One change at a time.** Enrols, deletes and refreshes hold one lock (an enrol may wait for
   a refresh in flight); a write to Redis and its application in memory are shielded from
   cancellation, so a client that goes away never leaves memory behind Redis. Queries take no
@@ -82,7 +85,7 @@ _THREAD_WORK = 1 << 16
 #: busy machine (two context switches, each waiting for a core).
 _INLINE_SEARCH = 1 << 21
 #: Most of its (wall) time the refresher spends refreshing (see ``_refresh_loop``).
-_REFRESH_SHARE = 0.5
+_REFRESH_SHARE = 0.25
 #: Dead rows (deleted or replaced items) are dropped once they are this share of the rows.
 _DEAD_SHARE = 0.25
 
@@ -197,6 +200,8 @@ class Gallery:
         self._lock = asyncio.Lock()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._readers_waiting = 0  # min_version reads waiting for a newer view
+        self._wanted = asyncio.Event()  # set when one starts: the refresher's pause ends
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -376,14 +381,24 @@ class Gallery:
             try:
                 async with self._lock:
                     took = await self._refresh()
-                # At most half of one core: a refresh that took t is followed by a pause of t
-                # (a slow stream's incremental refreshes take little, so it is followed at
-                # once; a fast one is followed at the pace the machine allows, version by
-                # version skipped, instead of starving the learner and the event loop).
-                await asyncio.sleep(took * _REFRESH_SHARE / (1.0 - _REFRESH_SHARE))
+                # At most _REFRESH_SHARE of one core: a refresh that took t is followed by a
+                # pause of t (1 - share) / share (a slow stream's incremental refreshes take
+                # little, so it is followed at once; a fast one is followed at the pace the
+                # machine allows, version by version skipped, instead of starving the learner,
+                # the queries and the event loop), unless a min_version read waits.
+                await self._pause(took * (1.0 - _REFRESH_SHARE) / _REFRESH_SHARE)
             except Exception:  # never leave the gallery without a refresher
                 log.exception("%s: gallery refresh failed; retrying", self.name)
                 await asyncio.sleep(1.0)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep ``seconds``, or less when a ``min_version`` read waits for a newer view."""
+        if seconds <= 0.0 or self._readers_waiting:
+            return
+        self._wanted.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._wanted.wait()
 
     async def _refresh(self) -> float:
         """Bring the view to the latest snapshot; the seconds it took."""
@@ -420,19 +435,25 @@ class Gallery:
             return self.view
         wait_s = self.settings.min_version_wait_s
         deadline = time.monotonic() + wait_s
-        while self.view.version < min_version:
-            if self.closed:
-                raise NotFound(f"model {self.name!r} was deleted")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise Unavailable(
-                    f"version {min_version} not reached by the gallery within {wait_s:g} s "
-                    f"(gallery at {self.view.version}, model at {self.board.current.version})",
-                    retry_after=1,
-                    version=self.view.version,
-                )
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+        self._readers_waiting += 1
+        self._wanted.set()  # the refresher does not pause while we wait
+        try:
+            while self.view.version < min_version:
+                if self.closed:
+                    raise NotFound(f"model {self.name!r} was deleted")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise Unavailable(
+                        f"version {min_version} not reached by the gallery within {wait_s:g} "
+                        f"s (gallery at {self.view.version}, model at "
+                        f"{self.board.current.version})",
+                        retry_after=1,
+                        version=self.view.version,
+                    )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), remaining)
+        finally:
+            self._readers_waiting -= 1
         return self.view
 
     async def search(self, view: GalleryView, X: Array, k: int) -> list[list[Match]]:
