@@ -48,6 +48,13 @@ def run_with_runtime(redis_url: str, body: Callable[[ModelRuntime], Awaitable[An
     return asyncio.run(run())
 
 
+def assert_learned_like_the_core(L: np.ndarray, X: np.ndarray, y: list[Any]) -> None:
+    """``L`` is what the core learner reaches on ``X``, ``y`` in one batch."""
+    ref = Learner(CONFIG)
+    ref.learn_many(X, y)
+    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
+
+
 async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -70,9 +77,7 @@ def test_single_sample_appends_are_applied_as_offered_and_learn_exactly(
 
     offered, L = run_with_runtime(redis_url, body)
     assert offered == len(y)  # none of them was read back from the log
-    ref = Learner(CONFIG)
-    ref.learn_many(X, y)
-    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
+    assert_learned_like_the_core(L, X, y)
 
 
 def test_an_offered_append_waits_for_a_metric_replacement_logged_before_it(
@@ -139,9 +144,7 @@ def test_offered_appends_are_held_back_and_learned_together_when_someone_waits(
     version, L = run_with_runtime(redis_url, body)
     assert version == len(y)
     assert batches == [len(y)]
-    ref = Learner(CONFIG)
-    ref.learn_many(X, y)
-    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
+    assert_learned_like_the_core(L, X, y)
 
 
 def test_held_back_appends_are_learned_after_the_delay_or_once_enough(
@@ -204,6 +207,4 @@ def test_the_periodic_read_takes_one_entry_and_sees_an_append_of_another_process
     offered, L = run_with_runtime(redis_url, body)
     assert 1 in reads  # the one-entry reads
     assert 6 <= offered <= 8  # the foreign entry and the one after it were read back
-    ref = Learner(CONFIG)
-    ref.learn_many(X, y)
-    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
+    assert_learned_like_the_core(L, X, y)
