@@ -116,8 +116,9 @@ SKIP_READ_S = PUBLISH_DELAY_S
 COALESCE_SAMPLES = 64
 #: ... or once the oldest of them was offered this long ago (see the module docstring).
 APPLY_DELAY_S = 0.005
-#: A batch of at most this many multiply-adds (samples x d^2) is applied on the event loop,
-#: not in a worker thread: 256 samples at d = 64, 16 at d = 256 (at most about a millisecond).
+#: A batch of at most this many multiply-adds (:func:`sample_work` x samples) is applied on the
+#: event loop, not in a worker thread: 256 samples at d = 64, 16 at d = 256, one ``sgd_psd``
+#: sample at d = 64 (at most about a millisecond).
 #: A worker thread needs the GIL for the Python between its kernels, and behind a busy event
 #: loop it waits for it (up to the 5 ms switch interval) every time: one-sample JSON frames at
 #: d = 64 with 2^17 here made batches of ~180 samples take 12 ms in the thread (lag p99 114 ms)
@@ -383,8 +384,7 @@ class Writer:
         # learning it (thread wake-ups, the GIL passed back and forth, the loop woken by the
         # result, and behind a busy loop a wait for the GIL at every kernel's return).
         async with self._learning:
-            steps = self.learner.config.steps_per_sample
-            if _entry_samples(entries) * steps * self.learner.dim**2 <= INLINE_WORK:
+            if _entry_samples(entries) * sample_work(self.learner.config) <= INLINE_WORK:
                 runs, snapshot, samples = self._apply_entries(entries, decoded)
             else:
                 runs, snapshot, samples = await asyncio.to_thread(
@@ -557,6 +557,19 @@ class Writer:
         self.checkpoint = CheckpointInfo(self.learner.version, now)
         self.metrics.checkpoint_duration.observe(time.perf_counter() - started)
         log.debug("%s: checkpoint at %s", self.name, format_id(applied))
+
+
+def sample_work(config: LearnerConfig) -> int:
+    """About the multiply-adds of learning one sample: ``d^2`` per step (Eq. 16), times
+    ``1 + rehearsal`` steps; ``sgd_psd``'s eigendecomposition per step makes it ``4 d^3``
+    (~200x OPML's time per sample at d = 64: ``benchmarks/results/learners.md``).
+
+    >>> sample_work(LearnerConfig(dim=64)), sample_work(LearnerConfig(dim=64, algorithm="sgd_psd"))
+    (4096, 1048576)
+    """
+    d = config.dim
+    per_step = 4 * d**3 if config.algorithm == "sgd_psd" else d * d
+    return per_step * config.steps_per_sample
 
 
 def _entry_samples(entries: Entries) -> int:
