@@ -450,7 +450,7 @@ def core_throughput(model: dict[str, Any], frame: int, n: int) -> float:
     """Samples/s of ``learn_many`` on the stream the service got (same pool, same order), in
     the service's batches (``OPML_BATCH_MAX`` = 4096, at most 2^24 / d^2, at least 32)."""
     d = model["dim"]
-    batch = samples_per_batch(d, 4096)
+    batch = samples_per_batch(d * d, 4096)
     pool = pool_size(frame, d)
     X, y = stream(pool, d)
     reps = -(-n // pool)

@@ -88,7 +88,8 @@ class Settings(BaseSettings):
         default=4096,
         ge=1,
         description="Most samples the learner applies per batch (about: it reads whole log "
-        "entries, one request or frame each, at least one); fewer at large d (2^24 / d^2).",
+        "entries, one request or frame each, at least one); fewer at large d (2^24 / d^2; "
+        "sgd_psd: 2^22 / d^3).",
     )
     max_unapplied: int = Field(
         default=0,

@@ -26,9 +26,12 @@ from typing import Protocol
 
 from prometheus_client import Histogram
 
-#: A batch holds at most about BATCH_WORK / d^2 samples (the O(d^2) step makes that ~constant
-#: learning time: 4096 samples at d = 64, 64 at d = 512), so a snapshot is published every few
-#: tens of milliseconds whatever the dimension; but never fewer than MIN_BATCH.
+from service.core import LearnerConfig
+
+#: A batch holds at most about BATCH_WORK / :func:`sample_work` samples (the O(d^2) step makes
+#: that ~constant learning time: 4096 samples at d = 64, 64 at d = 512), so a snapshot is
+#: published every few tens of milliseconds whatever the dimension; but never fewer than
+#: MIN_BATCH.
 BATCH_WORK = 1 << 24
 MIN_BATCH = 32
 #: Most unapplied samples under the automatic backpressure bound (OPML_MAX_UNAPPLIED = 0): two
@@ -39,27 +42,47 @@ MIN_BATCH = 32
 AUTO_UNAPPLIED = 8192
 
 
-def samples_per_batch(dim: int, batch_max: int, steps: int = 1) -> int:
-    """Samples the writer applies per batch at dimension ``dim``: ``batch_max`` (OPML_BATCH_MAX),
-    fewer at large d (about ``BATCH_WORK / d^2``, never fewer than ``MIN_BATCH``), divided by
-    ``steps``, the learner's steps per sample (``1 + rehearsal``).
+def sample_work(config: LearnerConfig) -> int:
+    """About the multiply-adds of learning one sample: ``d^2`` per step (Eq. 16), times the
+    learner's steps per sample (``1 + rehearsal``); ``sgd_psd``'s eigendecomposition per step
+    makes it ``4 d^3`` (~200x OPML's time per sample at d = 64:
+    ``benchmarks/results/learners.md``).
 
-    >>> samples_per_batch(64, 4096), samples_per_batch(512, 4096), samples_per_batch(64, 4096, 3)
-    (4096, 64, 1365)
+    >>> sample_work(LearnerConfig(dim=64)), sample_work(LearnerConfig(dim=64, rehearsal=2))
+    (4096, 12288)
+    >>> sample_work(LearnerConfig(dim=64, algorithm="sgd_psd"))
+    1048576
     """
-    return max(MIN_BATCH, min(batch_max, BATCH_WORK // (dim * dim * steps)))
+    d = config.dim
+    per_step = 4 * d**3 if config.algorithm == "sgd_psd" else d * d
+    return per_step * config.steps_per_sample
 
 
-def unapplied_limit(dim: int, batch_max: int, max_unapplied: int, steps: int = 1) -> int:
+def samples_per_batch(work: int, batch_max: int) -> int:
+    """Samples the writer applies per batch when one costs ``work`` (:func:`sample_work`):
+    ``batch_max`` (OPML_BATCH_MAX), fewer at large d (about ``BATCH_WORK / work``, never fewer
+    than ``MIN_BATCH``).
+
+    >>> samples_per_batch(64 * 64, 4096), samples_per_batch(512 * 512, 4096)
+    (4096, 64)
+    >>> samples_per_batch(sample_work(LearnerConfig(dim=64, rehearsal=2)), 4096)
+    1365
+    """
+    return max(MIN_BATCH, min(batch_max, BATCH_WORK // work))
+
+
+def unapplied_limit(work: int, batch_max: int, max_unapplied: int) -> int:
     """The backpressure bound: ``max_unapplied`` (OPML_MAX_UNAPPLIED), or automatically two
     batches, at most :data:`AUTO_UNAPPLIED` (8192 samples at d = 64, 2048 at d = 128, 128 at
-    d = 512; ``steps`` as in :func:`samples_per_batch`).
+    d = 512; ``work`` as in :func:`samples_per_batch`).
 
-    >>> unapplied_limit(64, 4096, 0), unapplied_limit(512, 4096, 0), unapplied_limit(64, 4096, 7)
-    (8192, 128, 7)
+    >>> unapplied_limit(64 * 64, 4096, 0), unapplied_limit(512 * 512, 4096, 0)
+    (8192, 128)
+    >>> unapplied_limit(64 * 64, 4096, 7)
+    7
     """
     return max_unapplied or min(
-        AUTO_UNAPPLIED, max(MIN_BATCH, 2 * samples_per_batch(dim, batch_max, steps))
+        AUTO_UNAPPLIED, max(MIN_BATCH, 2 * samples_per_batch(work, batch_max))
     )
 
 

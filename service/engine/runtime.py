@@ -33,7 +33,7 @@ from service.core import LearnerConfig
 from service.core._validation import Array
 from service.core.certificates import Certificate, Method
 from service.core.holdout import Flags
-from service.engine.admission import Admission, unapplied_limit
+from service.engine.admission import Admission, sample_work, unapplied_limit
 from service.engine.gallery import Gallery
 from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
@@ -130,9 +130,7 @@ class ModelRuntime:
         #: writer, whose snapshots it follows).
         self._gallery: Gallery | None = None
         self.admission = Admission(
-            unapplied_limit(
-                config.dim, settings.batch_max, settings.max_unapplied, config.steps_per_sample
-            ),
+            unapplied_limit(sample_work(config), settings.batch_max, settings.max_unapplied),
             self,
             self.metrics.backpressure_wait,
         )

@@ -1,11 +1,11 @@
 """The single writer of one model: reads its log in order, learns, publishes, checkpoints.
 
 The writer task is the only code that touches the model's :class:`~service.core.Learner`. It
-reads the log in id order after the last applied entry, applies a batch (decoding, learning
-and building the snapshot in a worker thread, so the event loop keeps answering), then
-publishes an immutable :class:`~service.engine.snapshot.Snapshot` on the model's board. Batches
-hold about ``min(OPML_BATCH_MAX, 2^24 / d^2)`` samples (about constant learning time per batch),
-so snapshots are published often at any dimension.
+reads the log in id order after the last applied entry, applies a batch (decoding, learning and
+building the snapshot in a worker thread, so the event loop keeps answering), then publishes an
+immutable :class:`~service.engine.snapshot.Snapshot` on the model's board. Batches hold about
+``min(OPML_BATCH_MAX, 2^24 / d^2)`` samples (:func:`~service.engine.admission.sample_work`;
+about constant learning time per batch), so snapshots are published often at any dimension.
 
 Start-up: the latest checkpoint (or a fresh learner) plus a replay of the log tail. Because the
 RNG state is part of the checkpoint and the log is the order of application, the result equals
@@ -77,7 +77,7 @@ from service.core import Learner, LearnerConfig, StepResults
 from service.core._validation import Array
 from service.core.certificates import Certificate, Method
 from service.core.holdout import Flags, Holdout
-from service.engine.admission import samples_per_batch
+from service.engine.admission import sample_work, samples_per_batch
 from service.engine.certify import certify
 from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
@@ -164,9 +164,7 @@ class Writer:
         self.synced_at: float | None = None
         #: Set once the log found at start-up has been applied.
         self.caught_up = asyncio.Event()
-        self.samples_per_batch = samples_per_batch(
-            config.dim, settings.batch_max, config.steps_per_sample
-        )
+        self.samples_per_batch = samples_per_batch(sample_work(config), settings.batch_max)
         self._kick = asyncio.Event()
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
@@ -557,19 +555,6 @@ class Writer:
         self.checkpoint = CheckpointInfo(self.learner.version, now)
         self.metrics.checkpoint_duration.observe(time.perf_counter() - started)
         log.debug("%s: checkpoint at %s", self.name, format_id(applied))
-
-
-def sample_work(config: LearnerConfig) -> int:
-    """About the multiply-adds of learning one sample: ``d^2`` per step (Eq. 16), times
-    ``1 + rehearsal`` steps; ``sgd_psd``'s eigendecomposition per step makes it ``4 d^3``
-    (~200x OPML's time per sample at d = 64: ``benchmarks/results/learners.md``).
-
-    >>> sample_work(LearnerConfig(dim=64)), sample_work(LearnerConfig(dim=64, algorithm="sgd_psd"))
-    (4096, 1048576)
-    """
-    d = config.dim
-    per_step = 4 * d**3 if config.algorithm == "sgd_psd" else d * d
-    return per_step * config.steps_per_sample
 
 
 def _entry_samples(entries: Entries) -> int:
