@@ -436,22 +436,23 @@ class Gallery:
         wait_s = self.settings.min_version_wait_s
         deadline = time.monotonic() + wait_s
         self._readers_waiting += 1
-        self._wanted.set()  # the refresher does not pause while we wait
+        self._wanted.set()  # the refresher does not pause while we wait,
         try:
-            while self.view.version < min_version:
-                if self.closed:
-                    raise NotFound(f"model {self.name!r} was deleted")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise Unavailable(
-                        f"version {min_version} not reached by the gallery within {wait_s:g} "
-                        f"s (gallery at {self.view.version}, model at "
-                        f"{self.board.current.version})",
-                        retry_after=1,
-                        version=self.view.version,
-                    )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), remaining)
+            with self.board.urgent():  # nor does the writer hold appends back
+                while self.view.version < min_version:
+                    if self.closed:
+                        raise NotFound(f"model {self.name!r} was deleted")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise Unavailable(
+                            f"version {min_version} not reached by the gallery within "
+                            f"{wait_s:g} s (gallery at {self.view.version}, model at "
+                            f"{self.board.current.version})",
+                            retry_after=1,
+                            version=self.view.version,
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), remaining)
         finally:
             self._readers_waiting -= 1
         return self.view

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -142,8 +142,9 @@ class SnapshotBoard:
         self.closed: ModelClosed | None = None
         self._changed = asyncio.Event()
         #: Callers in :meth:`wait_changed` or :meth:`wait_applied` (a ``min_version`` query,
-        #: a ``?wait=true`` ingestion, an append held back by admission control): someone
-        #: for whom the next snapshot is urgent (the writer then applies without delay).
+        #: a ``?wait=true`` ingestion, an append held back by admission control), or in
+        #: :meth:`urgent`: someone for whom the next snapshot is urgent (the writer then
+        #: applies without delay).
         self.waiting = 0
         #: Called when such a wait begins (the writer: look at the log now).
         self.on_wait: Callable[[], None] | None = None
@@ -167,11 +168,17 @@ class SnapshotBoard:
     async def wait_changed(self, timeout: float | None) -> None:
         """Wait for the next :meth:`wake` (at most ``timeout`` seconds), counted in
         :attr:`waiting`."""
+        with self.urgent():
+            await self._wait(timeout)
+
+    @contextlib.contextmanager
+    def urgent(self) -> Iterator[None]:
+        """Count the caller in :attr:`waiting` while inside (and tell :attr:`on_wait`)."""
         self.waiting += 1
         if self.on_wait is not None:
             self.on_wait()
         try:
-            await self._wait(timeout)
+            yield
         finally:
             self.waiting -= 1
 
