@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import hashlib
 import logging
 import math
@@ -64,7 +63,7 @@ from service.core import LearnerConfig, normalize_rows
 from service.core._validation import Array
 from service.core.gallery import TransformedGallery
 from service.engine.snapshot import ModelClosed, Snapshot, SnapshotBoard
-from service.engine.tasks import stop_task
+from service.engine.tasks import stop_task, wait_event
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from service.storage.codec import decode_gallery_item, encode_gallery_item
 from service.storage.store import GalleryFull, NoSuchItem, NoSuchModel, Store
@@ -396,9 +395,7 @@ class Gallery:
         if seconds <= 0.0 or self._readers_waiting:
             return
         self._wanted.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(seconds):
-                await self._wanted.wait()
+        await wait_event(self._wanted, seconds)
 
     async def _refresh(self) -> float:
         """Bring the view to the latest snapshot; the seconds it took."""
@@ -451,8 +448,7 @@ class Gallery:
                             retry_after=1,
                             version=self.view.version,
                         )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), remaining)
+                    await wait_event(self._changed, remaining)
         finally:
             self._readers_waiting -= 1
         return self.view

@@ -46,7 +46,7 @@ from service.config import Settings
 from service.core import LearnerConfig, legacy_config
 from service.engine.membership import Membership
 from service.engine.runtime import ModelRuntime
-from service.engine.tasks import stop_task
+from service.engine.tasks import stop_task, wait_event
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from service.storage.keys import appended_channel, name_of_channel
 from service.storage.store import Store
@@ -124,8 +124,7 @@ class Registry:
 
     async def _pause(self, seconds: float) -> None:
         """Sleep ``seconds``, or less if the registry is closing."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._closing.wait(), seconds)
+        await wait_event(self._closing, seconds)
 
     async def _settle(self) -> None:
         """Ready once the models taken at start-up have applied their log tails."""

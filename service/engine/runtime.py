@@ -18,7 +18,6 @@ The parts, each in a module named for its job:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -39,7 +38,7 @@ from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import ModelClosed, Snapshot
 from service.engine.status import ModelStatus
-from service.engine.tasks import stop_task
+from service.engine.tasks import stop_task, wait_event
 from service.engine.writer import Writer
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from service.storage.codec import StreamId, encode_flags, encode_vector, sample_id
@@ -310,8 +309,7 @@ class ModelRuntime:
             await w.board.wait_changed(timeout)
             return
         self._room.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._room.wait(), min(timeout, FOLLOWER_POLL_S))
+        await wait_event(self._room, min(timeout, FOLLOWER_POLL_S))
         self._logged, self._applied_elsewhere = await self.store.progress(self.name)
 
     # -- operations ----------------------------------------------------------------------------

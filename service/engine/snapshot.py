@@ -23,6 +23,7 @@ import numpy as np
 from service.core import Calibration, Learner, LearnerConfig, Stability
 from service.core._validation import Array
 from service.core.calibration import ThresholdCalibrator, in_order
+from service.engine.tasks import wait_event
 from service.storage.codec import StreamId
 
 
@@ -183,8 +184,7 @@ class SnapshotBoard:
             self.waiting -= 1
 
     async def _wait(self, timeout: float | None) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+        await wait_event(self._changed, timeout)
 
     async def wait_applied(self, target: StreamId, timeout: float) -> bool:
         """Wait until the log entry ``target`` is applied; False if ``timeout`` runs out."""

@@ -1,4 +1,4 @@
-"""Stopping the engine's background tasks within a bound.
+"""Stopping the engine's background tasks within a bound, and waiting for an event within one.
 
 Python 3.11's ``asyncio.wait_for`` can swallow a cancellation: when the cancel arrives after the
 awaited operation has finished but before ``wait_for`` returns, it returns the result and the
@@ -27,6 +27,19 @@ import time
 from typing import Any
 
 log = logging.getLogger("service.tasks")
+
+
+async def wait_event(event: asyncio.Event, timeout: float | None) -> None:
+    """Return when ``event`` is set, or after ``timeout`` seconds (None: no bound).
+
+    ``asyncio.timeout``, not ``wait_for``: no task per wait (the writer waits once per batch),
+    and a cancellation is never swallowed (see the module docstring).
+
+    >>> asyncio.run(wait_event(asyncio.Event(), 0.01))
+    """
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout):
+            await event.wait()
 
 
 async def stop_task(task: asyncio.Task[Any], bound_s: float = 10.0) -> None:

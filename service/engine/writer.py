@@ -61,7 +61,6 @@ the writer refreshes one in the background every that many versions, for the gau
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import logging
 import time
@@ -82,7 +81,7 @@ from service.engine.certify import certify
 from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import Snapshot, SnapshotBoard
-from service.engine.tasks import stop_task
+from service.engine.tasks import stop_task, wait_event
 from service.errors import NotCertifiable
 from service.storage import checkpoint
 from service.storage.codec import (
@@ -315,9 +314,7 @@ class Writer:
                 wait = await self._step()
                 backoff = 0.1
                 if wait > 0:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(wait):  # no task per wait, as wait_for makes
-                            await self._kick.wait()
+                    await wait_event(self._kick, wait)
             except RedisError as exc:
                 telemetry.REDIS_ERROR["writer"].inc()
                 log.warning("%s: Redis error in the writer (%s); retrying", self.name, exc)
