@@ -86,9 +86,8 @@ def label_keys(labels: list[Any], name: str = "y") -> list[str]:
     """The class keys of a list of labels (:func:`label_key` of each; a bad one is named
     ``name[i]``).
 
-    Plain non-empty strings and Python integers, the common case, are converted in one pass
-    without naming each element (a batch of labels costs ~4x less); anything else is checked
-    element by element.
+    Plain labels, the common case, are converted in one pass (:func:`plain_keys`: a batch
+    costs ~4x less); anything else is checked element by element.
 
     >>> label_keys([3, "a"])
     ['3', 'a']
@@ -96,6 +95,20 @@ def label_keys(labels: list[Any], name: str = "y") -> list[str]:
     Traceback (most recent call last):
     ...
     ValueError: y[1]: a label must not be empty
+    """
+    keys = plain_keys(labels)
+    if keys is None:
+        return [label_key(value, f"{name}[{i}]") for i, value in enumerate(labels)]
+    return keys
+
+
+def plain_keys(labels: list[Any]) -> list[str] | None:
+    """The class keys of labels that are all non-empty Python strings or integers, in one
+    pass without naming each element; None if any is not (then :func:`label_key`, element by
+    element, names the first bad one).
+
+    >>> plain_keys([3, "a"]), plain_keys([3, True]), plain_keys([""])
+    (['3', 'a'], None, None)
     """
     keys: list[str] = []
     append = keys.append
@@ -106,7 +119,7 @@ def label_keys(labels: list[Any], name: str = "y") -> list[str]:
         elif kind is int:
             append(str(value))
         else:
-            return [label_key(value, f"{name}[{i}]") for i, value in enumerate(labels)]
+            return None
     return keys
 
 
