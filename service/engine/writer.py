@@ -247,14 +247,13 @@ class Writer:
         return entries, decoded
 
     def _hold(self, now: float) -> float:
-        """How long to hold the offered entries that follow the applied state back, to learn
-        them with the next ones (0: learn them now; see the module docstring)."""
+        """How long to hold the offered entries that follow the applied state back (the
+        caller saw one), to learn them with the next ones (0: learn them now; see the module
+        docstring)."""
         if self._stopping or self.board.waiting:
             return 0.0
         version = self.board.current.version
-        first = self._offered.get(version + 1)
-        if first is None:
-            return 0.0
+        first = self._offered[version + 1]
         enough = min(COALESCE_SAMPLES, self.samples_per_batch)
         while (offered := self._offered.get(version + 1)) is not None:
             last = offered[1][0][0]
