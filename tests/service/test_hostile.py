@@ -51,6 +51,28 @@ def test_a_lying_content_length_of_1_gb_is_refused_unread(
     assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 0
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        "POST /v1/models/{name}/samples HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ",
+        "POST /v1/models/{name}/samples HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+        "\r\nzz",
+        "GET /livez HTTP/1.1 extra\r\nHost: x",
+    ],
+    ids=["empty-transfer-encoding", "bad-chunk-size", "bad-request-line"],
+)
+def test_a_request_the_http_parser_refuses_gets_a_problem_and_changes_nothing(
+    service: ServiceProcess, api: httpx.Client, name: str, head: str
+) -> None:
+    """Refused before any ASGI layer (uvicorn's parser), still problem+json (Schemathesis
+    found the first case)."""
+    make_model(api, name, 2)
+    status, headers, body = raw_request(service.port, head.format(name=name))
+    assert status == 400 and headers["content-type"] == "application/problem+json"
+    assert json.loads(body)["status"] == 400
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 0
+
+
 def test_a_chunked_body_of_300_mb_is_cut_off_with_bounded_memory(
     service: ServiceProcess, api: httpx.Client, name: str
 ) -> None:
