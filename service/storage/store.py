@@ -53,9 +53,11 @@ from functools import cached_property
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
+import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPipeline, RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
@@ -481,8 +483,39 @@ def _client_options(timeout_s: float, retries: int) -> dict[str, Any]:
     }
 
 
+class _CPacking:
+    """Commands packed by hiredis's C packer (``hiredis.pack_command``), as redis-py's
+    synchronous client does when hiredis is installed; its asyncio connections pack every
+    argument in Python, ~10 us per append group of eight arguments on a busy event loop (one
+    sample per WS frame: 11.8k -> 12.2k frames/s, measured ad hoc). The bytes are the same
+    (numbers as ``repr``, strings as UTF-8); an argument hiredis does not take (a bool, None, a
+    lone surrogate) goes to redis-py's own packer, which refuses it as it always did."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        head = args[0]  # a command name may hold its subcommand ("SCRIPT LOAD"): split it
+        if isinstance(head, str):
+            args = (*head.encode().split(), *args[1:])
+        elif b" " in head:
+            args = (*head.split(), *args[1:])
+        try:
+            return [hiredis.pack_command(args)]
+        except (TypeError, ValueError):
+            return cast(list[bytes], super().pack_command(*args))  # type: ignore[misc]
+
+
+_C_PACKING: dict[type[AbstractConnection], type[AbstractConnection]] = {}
+
+
+def _c_packing(cls: type[AbstractConnection]) -> type[AbstractConnection]:
+    """``cls`` (a plain, TLS or Unix-socket connection) with :class:`_CPacking`."""
+    if cls not in _C_PACKING:
+        _C_PACKING[cls] = type(f"CPacking{cls.__name__}", (_CPacking, cls), {})
+    return _C_PACKING[cls]
+
+
 def connect(url: str, timeout_s: float) -> Redis:
-    """A client of the single Redis server at ``url`` (see :func:`_client_options`).
+    """A client of the single Redis server at ``url`` (see :func:`_client_options`), whose
+    connections pack commands in C (:class:`_CPacking`).
 
     Credentials and TLS come with the URL: ``redis://user:password@host:6379/0``, or
     ``rediss://...`` for TLS (query options such as ``ssl_cert_reqs``, ``ssl_ca_certs``).
@@ -490,6 +523,7 @@ def connect(url: str, timeout_s: float) -> Redis:
     pool = BlockingConnectionPool.from_url(
         url, max_connections=MAX_CONNECTIONS, timeout=timeout_s, **_client_options(timeout_s, 0)
     )
+    pool.connection_class = _c_packing(pool.connection_class)
     client = Redis(connection_pool=pool)
     client.auto_close_connection_pool = True  # closing the client closes its pool
     return client

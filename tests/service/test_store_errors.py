@@ -1,15 +1,17 @@
-"""Redis failures that are not RedisErrors in redis-py become RedisErrors (503 + Retry-After),
-and a burst of calls waits for connections: a write on a connection the event loop already
-closed (a cluster node killed during a failover), a pool smaller than the burst."""
+"""The store's Redis client: failures that are not RedisErrors in redis-py become RedisErrors
+(503 + Retry-After), and a burst of calls waits for connections: a write on a connection the
+event loop already closed (a cluster node killed during a failover), a pool smaller than the
+burst. Its commands are packed in C, to the same bytes as redis-py's own packer."""
 
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from redis.exceptions import RedisError
+from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
+from redis.exceptions import DataError, RedisError
 
-from service.storage.store import MAX_CONNECTIONS, _closed_transport, connect
+from service.storage.store import MAX_CONNECTIONS, _c_packing, _closed_transport, connect
 from tests.service.support import RedisServer
 
 
@@ -68,3 +70,53 @@ def test_pooled_connections_left_stale_by_a_redis_restart_reconnect_before_a_cal
             await client.aclose()
 
     assert asyncio.run(restart_between_bursts()) == [True] * 20
+
+
+PACKED = [
+    ("SCRIPT LOAD", "return 1"),
+    (b"SCRIPT LOAD", b"return 1"),
+    ("EVALSHA", "f" * 40, 2, "k1", "k2", 1, -3, 2**70, 0.1, 1e20, 1 / 3, float("inf")),
+    ("XADD", b"log", "7-1", "x", bytes(range(256)) * 40, "y", '["\u00fc","\u4e2d"]'),
+    ("SET", "k", memoryview(b"abc"), "PX", 10),
+]
+
+
+@pytest.mark.parametrize("args", PACKED, ids=lambda a: str(a[0]))
+def test_commands_are_packed_in_c_to_the_bytes_of_redis_pys_packer(args: tuple) -> None:
+    c_packed = _c_packing(Connection)()
+    python_packed = Connection()
+    assert type(c_packed).pack_command is not Connection.pack_command
+    assert b"".join(c_packed.pack_command(*args)) == b"".join(
+        bytes(chunk) for chunk in python_packed.pack_command(*args)
+    )
+
+
+def test_an_argument_hiredis_does_not_take_is_refused_as_redis_py_refuses_it() -> None:
+    with pytest.raises(DataError, match="bool"):
+        _c_packing(Connection)().pack_command("SET", "k", True)
+    with pytest.raises(UnicodeEncodeError):
+        _c_packing(Connection)().pack_command("SET", "k", "\ud800")
+
+
+def test_every_kind_of_connection_of_the_pool_packs_in_c(own_redis: RedisServer) -> None:
+    """The pool's class follows the URL (TCP, TLS, Unix socket); each gets the C packer, and
+    a real server answers what it was sent."""
+    for cls in (Connection, SSLConnection, UnixDomainSocketConnection):
+        assert issubclass(_c_packing(cls), cls) and _c_packing(cls) is _c_packing(cls)
+
+    async def round_trip() -> tuple[type, object, object]:
+        client = connect(own_redis.url, 5.0)
+        try:
+            value = bytes(range(256)) * 100
+            await client.set("packed", value)
+            sha = await client.script_load("return #ARGV[1]")
+            return (
+                client.connection_pool.connection_class,
+                await client.get("packed") == value,
+                await client.evalsha(sha, 0, value),
+            )
+        finally:
+            await client.aclose()
+
+    cls, same, length = asyncio.run(round_trip())
+    assert cls is _c_packing(Connection) and same and length == 25600
