@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import websockets
+from redis.asyncio.connection import SSLConnection
 from websockets.sync.client import connect
 
 from service.api.auth import API_PREFIX, ROUTE_SCOPES
@@ -278,7 +279,7 @@ def test_tls_and_credentials_are_read_from_a_rediss_url() -> None:
     # TLS server can be started here: this checks what the service hands redis-py.
     client = redis_connect("rediss://opml:pw%40x@redis.example:6380/2?ssl_cert_reqs=required", 1)
     kwargs = client.connection_pool.connection_kwargs
-    assert client.connection_pool.connection_class.__name__ == "SSLConnection"
+    assert issubclass(client.connection_pool.connection_class, SSLConnection)
     assert (kwargs["username"], kwargs["password"]) == ("opml", "pw@x")
     assert (kwargs["host"], kwargs["port"], kwargs["db"]) == ("redis.example", 6380, 2)
     assert redacted_url("rediss://opml:pw%40x@redis.example:6380/2") == (
