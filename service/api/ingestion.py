@@ -2,21 +2,33 @@
 request's samples checked against the model and the limits, handed to the engine, and counted
 by transport (``opml_samples_accepted_total``, ``opml_samples_rejected_total``,
 ``opml_idempotent_replays_total``).
+
+A request goes through :func:`ingest`. A ``/stream`` frame is checked by :func:`validate`,
+started by the engine without suspending when there is room (``ModelRuntime.submit``: no task
+per frame) and counted by :func:`count_accepted` / :func:`count_refused`, the pieces
+:func:`ingest` is made of.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from redis.exceptions import RedisError
 
 from service.api import parsing
-from service.api.schemas import Sample
+from service.api.schemas import SampleFields
+from service.core._validation import Array
+from service.core.holdout import Flags
 from service.engine.runtime import IngestResult, ModelRuntime
 from service.errors import LimitExceeded, NotFound, ServiceError, Unavailable
+from service.storage.store import Appended
+
+Items = Sequence[SampleFields] | parsing.Block
 
 
 async def ingest(
     runtime: ModelRuntime,
-    items: list[Sample] | parsing.Block,
+    items: Items,
     *,
     loc: list[str | int],
     indexed: bool,
@@ -27,29 +39,46 @@ async def ingest(
     """Validate ``items`` (``loc`` locates them in the request; ``indexed``: a list, so items
     add their index) and append them; count the outcome under ``transport``."""
     try:
-        max_batch = runtime.settings.max_batch
-        if len(items) > max_batch:
-            raise LimitExceeded(
-                f"{len(items)} samples in one request; at most {max_batch} (OPML_MAX_BATCH)"
-            )
-        if isinstance(items, parsing.Block):
-            X, keys = parsing.block(items)
-        else:
-            X, keys = parsing.samples(items, runtime.config.dim, loc, indexed)
+        X, keys, holdout = validate(runtime, items, loc=loc, indexed=indexed)
         result = await runtime.ingest(
-            X,
-            keys,
-            holdout=parsing.holdout_flags(items),
-            idempotency_field=idempotency_field,
-            wait=wait,
+            X, keys, holdout=holdout, idempotency_field=idempotency_field, wait=wait
         )
     except (ServiceError, RedisError) as exc:
-        reason = exc.slug if isinstance(exc, ServiceError) else Unavailable.slug
-        if reason != NotFound.slug:  # a vanished model has no series to count in
-            runtime.metrics.rejected(transport, reason, len(items))
+        count_refused(runtime, transport, len(items), exc)
         raise
+    count_accepted(runtime, transport, result)
+    return result
+
+
+def validate(
+    runtime: ModelRuntime, items: Items, *, loc: list[str | int], indexed: bool
+) -> tuple[Array, list[str], Flags | None]:
+    """The rows, class keys and ``holdout`` flags of ``items``, checked against the model and
+    the batch limit (LimitExceeded, InvalidInput)."""
+    max_batch = runtime.settings.max_batch
+    if len(items) > max_batch:
+        raise LimitExceeded(
+            f"{len(items)} samples in one request; at most {max_batch} (OPML_MAX_BATCH)"
+        )
+    if isinstance(items, parsing.Block):
+        X, keys = parsing.block(items)
+    else:
+        X, keys = parsing.samples(items, runtime.config.dim, loc, indexed)
+    return X, keys, parsing.holdout_flags(items)
+
+
+def count_accepted(runtime: ModelRuntime, transport: str, result: IngestResult | Appended) -> None:
+    """Count an append that went through (a replay as a replay)."""
     if result.replayed:
         runtime.metrics.replays[transport].inc()
     else:
-        runtime.metrics.accepted[transport].inc(result.accepted)
-    return result
+        runtime.metrics.accepted[transport].inc(result.last_seq - result.first_seq + 1)
+
+
+def count_refused(
+    runtime: ModelRuntime, transport: str, samples: int, exc: ServiceError | RedisError
+) -> None:
+    """Count ``samples`` refused for ``exc``'s reason (a Redis failure as unavailable)."""
+    reason = exc.slug if isinstance(exc, ServiceError) else Unavailable.slug
+    if reason != NotFound.slug:  # a vanished model has no series to count in
+        runtime.metrics.rejected(transport, reason, samples)

@@ -36,7 +36,7 @@ from service.api.schemas import (
     GalleryItem,
     IdentifyBody,
     ModelCreate,
-    Sample,
+    SampleFields,
 )
 from service.core import LearnerConfig
 from service.core._validation import (
@@ -407,7 +407,7 @@ def label(value: Any, loc: list[str | int]) -> str:
 
 
 def samples(
-    items: list[Sample], dim: int, loc: list[str | int], indexed: bool
+    items: Sequence[SampleFields], dim: int, loc: list[str | int], indexed: bool
 ) -> tuple[Array, list[str]]:
     """The rows and class keys of a request's samples, all validated before anything runs.
 
@@ -426,7 +426,7 @@ def samples(
     return X, keys
 
 
-def _samples_fast(items: list[Sample], dim: int) -> tuple[Array, list[str]] | None:
+def _samples_fast(items: Sequence[SampleFields], dim: int) -> tuple[Array, list[str]] | None:
     """The common case in one ``np.array`` and one ``isfinite``; None if any check fails
     (then :func:`samples` redoes it row by row to say where)."""
     if any(len(s.x) != dim for s in items):
@@ -465,10 +465,11 @@ class Block:
         return len(self.y)
 
 
-def holdout_flags(items: Sequence[Sample] | Block) -> Flags | None:
+def holdout_flags(items: Sequence[SampleFields] | Block) -> Flags | None:
     """The samples' ``holdout`` flags (True: to the certification reservoir), or None when
     none is set (the common case: nothing extra is logged).
 
+    >>> from service.api.schemas import Sample
     >>> holdout_flags([Sample(x=[1.0], y=1), Sample(x=[1.0], y=2, holdout=True)]).tolist()
     [False, True]
     """

@@ -9,7 +9,8 @@ answer (models, samples, queries, gallery, certificates), read together with ``a
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, cast
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Protocol, cast
 
 from pydantic import (
     BaseModel,
@@ -388,6 +389,18 @@ HoldoutFlag = Annotated[
 ]
 
 
+class SampleFields(Protocol):
+    """A sample's fields as validated: a :class:`Sample` of a batch, or the single-sample
+    body itself (its ``holdout`` None when absent)."""
+
+    @property
+    def x(self) -> list[float]: ...
+    @property
+    def y(self) -> Any: ...
+    @property
+    def holdout(self) -> bool | None: ...
+
+
 class Sample(_Body):
     x: Vector
     y: Label
@@ -418,12 +431,13 @@ class IngestBody(_Body):
             raise ValueError("in a batch, holdout is a field of each sample")
         return self
 
-    def as_samples(self) -> list[Sample]:
+    def as_samples(self) -> Sequence[SampleFields]:
+        """The samples: the batch, or this body as the one sample (its fields are validated
+        already, as this body's: no :class:`Sample` is made of them)."""
         if self.samples is not None:
             return self.samples
         assert self.x is not None and self.y is not None
-        # Fields validated already (as this body's): not validated a second time.
-        return [Sample.model_construct(x=self.x, y=self.y, holdout=bool(self.holdout))]
+        return (self,)
 
 
 FrameId = StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=256)]

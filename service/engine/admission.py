@@ -98,7 +98,8 @@ class Progress(Protocol):
 
 
 class Admission:
-    """Backpressure of one model: :meth:`wait_room` before an append, :meth:`done` after.
+    """Backpressure of one model: :meth:`try_room` or :meth:`wait_room` before an append,
+    :meth:`done` after.
 
     Samples admitted but not yet logged are counted here, the rest by ``progress``.
     """
@@ -116,11 +117,18 @@ class Admission:
         """Samples logged (or being appended) that the learner has not applied yet."""
         return self._progress.backlog() + self._appending
 
+    def try_room(self, samples: int) -> bool:
+        """Room now, with nobody waiting before: True, and ``samples`` count as unapplied until
+        the caller's :meth:`done`; False (nothing counted) otherwise."""
+        if self._waiters == 0 and self.unapplied <= self.limit:
+            self._appending += samples
+            return True
+        return False
+
     async def wait_room(self, samples: int, timeout: float) -> bool:
         """Wait while more than :attr:`limit` samples are unapplied (False if ``timeout`` runs
         out); on True, ``samples`` count as unapplied until the caller's :meth:`done`."""
-        if self._waiters == 0 and self.unapplied <= self.limit:
-            self._appending += samples
+        if self.try_room(samples):
             return True
         started = time.monotonic()
         deadline = started + timeout

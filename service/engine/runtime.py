@@ -39,7 +39,7 @@ from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import ModelClosed, Snapshot
 from service.engine.status import ModelStatus
 from service.engine.tasks import stop_task, wait_event
-from service.engine.writer import Writer
+from service.engine.writer import Decoded, Writer
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from service.storage.codec import StreamId, encode_flags, encode_vector, sample_id
 from service.storage.group_commit import GroupCommit
@@ -83,6 +83,48 @@ def fingerprint(x: bytes, keys: list[str], holdout: Flags | None = None) -> str:
     if holdout is not None:  # absent: the digest of samples logged before flags existed
         h.update(b"\x00holdout" + encode_flags(holdout))
     return h.hexdigest()[:32]
+
+
+class _Append:
+    """An append of :meth:`ModelRuntime.submit` in the model's group commit
+    (:class:`~service.storage.group_commit.Append`): its caller awaits :attr:`answer`, and
+    gives up by cancelling it."""
+
+    __slots__ = ("_decoded", "_runtime", "answer", "group")
+
+    def __init__(self, runtime: ModelRuntime, group: Group, decoded: Decoded) -> None:
+        self._runtime = runtime
+        self._decoded = decoded
+        self.group = group
+        self.answer: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
+
+    def gave_up(self) -> bool:
+        return self.answer.done()  # nothing but a cancel settles it before the queue does
+
+    def settle(self, outcome: Appended | BaseException | None) -> None:
+        runtime, answer = self._runtime, self.answer
+        try:
+            if isinstance(outcome, Appended):
+                if not outcome.replayed:  # logged, whether its caller still waits or not
+                    runtime._logged_here(outcome, self.group, self._decoded)
+                if answer.done():
+                    return
+                if outcome.replayed and outcome.fingerprint != self.group.fingerprint:
+                    answer.set_exception(
+                        Conflict(
+                            "this idempotency key / frame id was used for different samples",
+                            first_seq=outcome.first_seq,
+                            last_seq=outcome.last_seq,
+                        )
+                    )
+                else:
+                    answer.set_result(outcome)
+            elif outcome is None or isinstance(outcome, asyncio.CancelledError):
+                answer.cancel()  # left out, or the queue stopped before sending it
+            elif not answer.done():
+                answer.set_exception(runtime._refusal(outcome))
+        finally:
+            runtime._release(len(self.group))
 
 
 class NotServedHere(Unavailable):
@@ -328,7 +370,7 @@ class ModelRuntime:
         are applied."""
         token = self.results.want(self.snapshot.version) if wait else None  # needs the learner
         try:
-            appended = await self._append(X, keys, holdout, idempotency_field)
+            appended = await (await self.submit_when_room(X, keys, holdout, idempotency_field))
             n = appended.last_seq - appended.first_seq + 1
             if token is None:
                 return IngestResult(n, appended.first_seq, appended.last_seq, appended.replayed)
@@ -346,19 +388,29 @@ class ModelRuntime:
             if token is not None:
                 self.results.release(token)
 
-    async def _append(
-        self, X: Array, keys: list[str], holdout: Flags | None, idempotency_field: str
-    ) -> Appended:
-        """Admit (backpressure), then log the samples atomically."""
+    def submit(
+        self, X: Array, keys: list[str], holdout: Flags | None = None, idempotency_field: str = ""
+    ) -> asyncio.Future[Appended] | None:
+        """Start appending validated samples (as :meth:`ingest`, without ``wait``) without
+        suspending, if admission control has room for them now (the common case): their group
+        is queued for the log before this returns, so calls are logged in call order. The
+        future gives what was logged (:class:`Appended`), or raises NotFound, LimitExceeded,
+        Conflict or a RedisError; cancelling it before the group is sent leaves the samples
+        out of the log. None: no room now (:meth:`submit_when_room` waits for it)."""
+        if not self.admission.try_room(len(keys)):
+            return None
+        return self._submit(X, keys, holdout, idempotency_field)
+
+    async def submit_when_room(
+        self, X: Array, keys: list[str], holdout: Flags | None = None, idempotency_field: str = ""
+    ) -> asyncio.Future[Appended]:
+        """:meth:`submit`, after waiting (bounded, in call order) for room if there is none;
+        Unavailable when none came in time (nothing is logged)."""
         s = self.settings
-        x = encode_vector(X)  # hashed and logged: the same bytes
-        digest = fingerprint(x, keys, holdout)
         try:
             room = await self.admission.wait_room(len(keys), s.apply_wait_s)  # in call order
         except ModelClosed:
             raise NotFound(f"model {self.name!r} was deleted") from None
-        if self.closed:
-            raise NotFound(f"model {self.name!r} was deleted")
         if not room:
             raise Unavailable(
                 f"the learner is {self.admission.unapplied} samples behind the log (more than "
@@ -366,31 +418,49 @@ class ModelRuntime:
                 f"{s.apply_wait_s:g} s; nothing was logged, retry later",
                 retry_after=2,
             )
+        # No await between the room and the queueing: calls are logged in call order.
+        return self._submit(X, keys, holdout, idempotency_field)
+
+    def _submit(
+        self, X: Array, keys: list[str], holdout: Flags | None, idempotency_field: str
+    ) -> asyncio.Future[Appended]:
+        """Queue the admitted samples' group for the log (see :meth:`submit`)."""
         try:
-            # No await between the room check and this enqueue: calls are logged in call order.
-            group = Group(x, keys, idempotency_field, digest, encode_flags(holdout))
-            appended = await self.appender.append(group)
-            if not appended.replayed:
-                if self.writer is not None:  # it may apply them without reading them back
-                    self.writer.offer(appended, group, (X, keys, holdout))
-                self._notify_logged(appended.last_seq)  # before admission.done: no gap
-        except NoSuchModel:
-            raise NotFound(f"model {self.name!r} does not exist") from None
-        except TooManyClasses as exc:
-            raise LimitExceeded(
-                f"the model has {exc.have} classes; at most {s.max_classes} per model "
-                "(OPML_MAX_CLASSES)"
-            ) from None
-        finally:
-            if self.admission.done(len(keys)):  # a failed append frees room without progress
-                self._wake_admission()
-        if appended.replayed and appended.fingerprint != digest:
-            raise Conflict(
-                "this idempotency key / frame id was used for different samples",
-                first_seq=appended.first_seq,
-                last_seq=appended.last_seq,
+            if self.closed:
+                raise NotFound(f"model {self.name!r} was deleted")
+            x = encode_vector(X)  # hashed and logged: the same bytes
+            group = Group(
+                x, keys, idempotency_field, fingerprint(x, keys, holdout), encode_flags(holdout)
             )
-        return appended
+            append = _Append(self, group, (X, keys, holdout))
+        except BaseException:
+            self._release(len(keys))
+            raise
+        self.appender.submit(append)  # settles it, which frees the room
+        return append.answer
+
+    def _logged_here(self, appended: Appended, group: Group, decoded: Decoded) -> None:
+        """``group``, appended by this process, is in the log as ``appended``."""
+        if self.writer is not None:  # it may apply them without reading them back
+            self.writer.offer(appended, group, decoded)
+        self._notify_logged(appended.last_seq)  # before the room is freed: no gap
+
+    def _refusal(self, exc: BaseException) -> BaseException:
+        """What a failed append raises to its caller: the store's refusals in the domain's
+        terms, anything else (a RedisError) as it is."""
+        if isinstance(exc, NoSuchModel):
+            return NotFound(f"model {self.name!r} does not exist")
+        if isinstance(exc, TooManyClasses):
+            return LimitExceeded(
+                f"the model has {exc.have} classes; at most {self.settings.max_classes} per "
+                "model (OPML_MAX_CLASSES)"
+            )
+        return exc
+
+    def _release(self, samples: int) -> None:
+        """Admitted samples are logged now, or will not be: free their room."""
+        if self.admission.done(samples):  # a failed append frees room without progress
+            self._wake_admission()
 
     def _notify_logged(self, last_seq: int) -> None:
         self._logged = max(self._logged, last_seq)

@@ -5,8 +5,12 @@ While an append script is in flight, new groups (a REST request's or a WS frame'
 in a queue; when it returns, everything queued goes in the next call, in arrival order. Each
 group keeps its own seqs, its own idempotency record and its own outcome (a group over the
 class limit is refused alone; a replay answers from its own record), exactly as if it had been
-appended by itself at that point of the order. A caller that gave up (cancelled) before its
-group was sent is left out: nothing of it is logged.
+appended by itself at that point of the order. A caller that gave up before its group was sent
+is left out: nothing of it is logged.
+
+Every append queued is settled exactly once (:meth:`Append.settle`): with its outcome, with
+what failed its call, with None when it was left out, or with ``CancelledError`` when the queue
+stops (shutdown) before sending it.
 """
 
 from __future__ import annotations
@@ -15,8 +19,25 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Protocol
 
 from service.storage.store import Appended, Group, Store, TooManyClasses
+
+
+class Append(Protocol):
+    """One append in the queue: its group, whether its caller gave up, and its outcome's
+    destination."""
+
+    @property
+    def group(self) -> Group: ...
+
+    def gave_up(self) -> bool:
+        """True: leave the group out if it was not sent yet."""
+
+    def settle(self, outcome: Appended | BaseException | None) -> None:
+        """What became of the group: logged or replayed (:class:`Appended`), refused
+        (:class:`TooManyClasses`, ``NoSuchModel``, a ``RedisError`` of its call), left out
+        (None), or never sent because the queue stopped (``CancelledError``)."""
 
 
 class GroupCommit:
@@ -40,64 +61,57 @@ class GroupCommit:
         self.max_classes = max_classes
         #: Most samples per script (a group larger than this still goes, alone).
         self.max_samples = max_samples
-        self._pending: deque[tuple[Group, asyncio.Future[Appended]]] = deque()
+        self._pending: deque[Append] = deque()
         self._flusher: asyncio.Task[None] | None = None
 
-    async def append(self, group: Group) -> Appended:
-        """Append ``group`` (after every group submitted before it); raises what the store
-        raises for it (:class:`TooManyClasses`, ``NoSuchModel``, ``RedisError``)."""
-        future: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
-        self._pending.append((group, future))
+    def submit(self, append: Append) -> None:
+        """Queue ``append`` for the log, after every append submitted before it."""
+        self._pending.append(append)
         if self._flusher is None:
             self._flusher = asyncio.create_task(self._flush(), name=f"append:{self.name}")
-        return await future
 
-    def _take(self) -> list[tuple[Group, asyncio.Future[Appended]]]:
-        batch: list[tuple[Group, asyncio.Future[Appended]]] = []
+    def _take(self) -> list[Append]:
+        batch: list[Append] = []
         size = 0
         while self._pending:
-            group, future = self._pending[0]
-            if batch and size + len(group) > self.max_samples:
+            append = self._pending[0]
+            if batch and size + len(append.group) > self.max_samples:
                 break
             self._pending.popleft()
-            if future.done():  # its caller was cancelled before it was sent: not logged
+            if append.gave_up():  # not sent: not logged
+                append.settle(None)
                 continue
-            batch.append((group, future))
-            size += len(group)
+            batch.append(append)
+            size += len(append.group)
         return batch
 
     async def _flush(self) -> None:
-        batch: list[tuple[Group, asyncio.Future[Appended]]] = []
+        batch: list[Append] = []
         try:
             while self._pending:
                 batch = self._take()
                 if not batch:
                     continue
                 try:
-                    outcomes = await self.store.append_groups(
+                    outcomes: list[Appended | TooManyClasses] = await self.store.append_groups(
                         self.name,
-                        [group for group, _ in batch],
+                        [append.group for append in batch],
                         now_ms=int(time.time() * 1000),
                         ttl_ms=self.ttl_ms,
                         max_classes=self.max_classes,
                         announce=self.announce(),
                     )
                 except Exception as exc:  # the whole call failed: every group in it did
-                    for _, future in batch:
-                        if not future.done():
-                            future.set_exception(exc)
+                    done, batch = batch, []
+                    for append in done:
+                        append.settle(exc)
                     continue
-                for (_, future), outcome in zip(batch, outcomes, strict=True):
-                    if future.done():
-                        continue
-                    if isinstance(outcome, TooManyClasses):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
+                done, batch = batch, []
+                for append, outcome in zip(done, outcomes, strict=True):
+                    append.settle(outcome)
         finally:
             self._flusher = None
-            # Cancelled (shutdown) with callers still waiting: they must not wait forever.
-            for _, future in [*batch, *self._pending]:
-                if not future.done():
-                    future.cancel()
+            # Cancelled (shutdown) with appends unsettled: their callers must not wait forever.
+            for append in [*batch, *self._pending]:
+                append.settle(asyncio.CancelledError())
             self._pending.clear()

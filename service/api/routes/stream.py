@@ -30,16 +30,17 @@ from redis.exceptions import RedisError
 from service import telemetry
 from service.api.auth import accept_subprotocol
 from service.api.deps import WsModelsDep
-from service.api.ingestion import ingest
+from service.api.ingestion import Items, count_accepted, count_refused, validate
 from service.api.parsing import Block, error_items, invalid, invalid_request
 from service.api.presenters import event_frame
 from service.api.problems import from_redis, problem, status_of
-from service.api.schemas import NAME_PATTERN, BinaryHeader, Sample, StreamFrame
+from service.api.schemas import NAME_PATTERN, BinaryHeader, StreamFrame
 from service.engine.registry import Registry
 from service.engine.runtime import ModelRuntime, NotServedHere
 from service.engine.snapshot import ModelClosed
 from service.errors import InvalidInput, NotFound, ServiceError
 from service.storage.codec import DTYPE
+from service.storage.store import Appended
 
 router = APIRouter(prefix="/v1/models/{name}", tags=["websocket"])
 
@@ -98,33 +99,44 @@ async def stream_samples(websocket: WebSocket, name: str, models: WsModelsDep) -
     # the reader blocked on a full window, and only the sender's failed send notices.
     tasks: list[asyncio.Task[Any]] = [
         asyncio.create_task(_read_frames(websocket, runtime, window)),
-        asyncio.create_task(_send_acks(websocket, window)),
+        asyncio.create_task(_send_acks(websocket, runtime, window)),
     ]
     telemetry.WS_OPEN["stream"].inc()
     try:
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         telemetry.WS_OPEN["stream"].dec()
-        while not window.empty():  # frames whose answer nobody will read
-            tasks.append(window.get_nowait()[1])
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        while not window.empty():  # frames whose answer nobody will read
+            _give_up(window.get_nowait()[-1])
 
 
-#: A frame in flight: receipt time, and the task that appends it and makes its answer.
-_InFlight = tuple[float, "asyncio.Task[str | dict[str, Any]]"]
+#: The append of a frame (ModelRuntime.submit), or what refused the frame.
+_Started = asyncio.Future[Appended] | ServiceError | RedisError
+#: A frame in flight: receipt time, id (as sent; as JSON), samples, and its append or refusal.
+_InFlight = tuple[float, Any, str, int, _Started]
+
+
+def _give_up(started: _Started) -> None:
+    """Nobody will read the frame's answer: its samples are left out of the log if they
+    were not sent yet."""
+    if isinstance(started, asyncio.Future):
+        started.cancel()
 
 
 async def _read_frames(
     websocket: WebSocket, runtime: ModelRuntime, window: asyncio.Queue[_InFlight]
 ) -> None:
-    """Parse each frame and start appending it at once, so frames that arrive while an append
-    is in flight are logged together in the next one (group commit, one fsync); the window
-    bounds how many are in flight. The tasks start in arrival order and enqueue their append
-    before their first suspension, so seqs follow frame order."""
+    """Parse and check each frame and start its append at once, without a task per frame
+    (:meth:`~service.engine.runtime.ModelRuntime.submit`): it is queued for the log before the
+    next frame is read, so seqs follow frame order, and frames that arrive while an append is
+    in flight are logged together in the next one (group commit, one fsync). The window bounds
+    the frames in flight. With no room for a frame (learner backpressure) the reader waits
+    for room before it reads on."""
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
@@ -138,56 +150,69 @@ async def _read_frames(
             frame_id, frame = parse_binary(data, runtime.config.dim)
         else:
             continue
-        await window.put((received, asyncio.create_task(_answer(runtime, frame_id, frame))))
-
-
-async def _answer(
-    runtime: ModelRuntime, frame_id: Any, frame: StreamFrame | BinaryFrame | ServiceError
-) -> str | dict[str, Any]:
-    """Append one frame; its ``ack`` (the frame's text, made directly: one per frame) or its
-    ``error`` answer (a dict)."""
-    try:
+        started: _Started
         if isinstance(frame, ServiceError):
-            raise frame
-        if isinstance(frame, BinaryFrame):
-            items: list[Sample] | Block = frame.block
-            loc: list[str | int] = []
-            indexed = True
+            id_json, samples, started = "", 0, frame
         else:
-            items = frame.as_samples()
-            loc = ["samples"] if frame.samples is not None else []
-            indexed = frame.samples is not None
-        id_json = str(frame.id) if type(frame.id) is int else json.dumps(frame.id)
-        result = await ingest(
-            runtime,
-            items,
-            loc=loc,
-            indexed=indexed,
-            transport="ws",
-            idempotency_field="w:" + id_json,
-        )
-        replayed = ',"replayed":true' if result.replayed else ""
-        return (
-            f'{{"ack":{id_json},"first_seq":{result.first_seq},'
-            f'"last_seq":{result.last_seq}{replayed}}}'
-        )
-    except ServiceError as exc:
-        return {"error": problem(exc), "id": frame_id}
-    except RedisError as exc:
-        telemetry.REDIS_ERROR["ws"].inc()
-        return {"error": problem(from_redis(exc)), "id": frame_id}
+            id_json = str(frame.id) if type(frame.id) is int else json.dumps(frame.id)
+            samples, started = await _start(runtime, frame, "w:" + id_json)
+        try:
+            await window.put((received, frame_id, id_json, samples, started))
+        except BaseException:
+            _give_up(started)
+            raise
 
 
-async def _send_acks(websocket: WebSocket, window: asyncio.Queue[_InFlight]) -> None:
+async def _start(
+    runtime: ModelRuntime, frame: StreamFrame | BinaryFrame, idempotency_field: str
+) -> tuple[int, _Started]:
+    """The frame's samples checked and their append started: how many it holds and the
+    append's future, or what refused them. Suspends only when there is no room."""
+    if isinstance(frame, BinaryFrame):
+        items: Items = frame.block
+        loc: list[str | int] = []
+        indexed = True
+    else:
+        items = frame.as_samples()
+        loc = ["samples"] if frame.samples is not None else []
+        indexed = frame.samples is not None
+    try:
+        X, keys, holdout = validate(runtime, items, loc=loc, indexed=indexed)
+        logged = runtime.submit(X, keys, holdout, idempotency_field)
+        if logged is None:
+            logged = await runtime.submit_when_room(X, keys, holdout, idempotency_field)
+    except (ServiceError, RedisError) as exc:
+        return len(items), exc
+    return len(items), logged
+
+
+async def _send_acks(
+    websocket: WebSocket, runtime: ModelRuntime, window: asyncio.Queue[_InFlight]
+) -> None:
+    """Each frame's answer, in frame order: its ``ack`` (made directly, one per frame) once its
+    append returned, or its ``error``."""
     while True:
-        received, task = await window.get()
-        answer = await task
-        if isinstance(answer, str):
-            await websocket.send_text(answer)
-            outcome = "ack"
-        else:
-            await websocket.send_json(answer)
+        received, frame_id, id_json, samples, started = await window.get()
+        try:
+            if not isinstance(started, asyncio.Future):
+                raise started
+            appended = await started
+        except (ServiceError, RedisError) as exc:
+            if samples:  # a frame that did not parse is not counted
+                count_refused(runtime, "ws", samples, exc)
+            if isinstance(exc, RedisError):
+                telemetry.REDIS_ERROR["ws"].inc()
+                exc = from_redis(exc)
+            await websocket.send_json({"error": problem(exc), "id": frame_id})
             outcome = "error"
+        else:
+            count_accepted(runtime, "ws", appended)
+            replayed = ',"replayed":true' if appended.replayed else ""
+            await websocket.send_text(
+                f'{{"ack":{id_json},"first_seq":{appended.first_seq},'
+                f'"last_seq":{appended.last_seq}{replayed}}}'
+            )
+            outcome = "ack"
         telemetry.WS_FRAME[outcome].observe(time.perf_counter() - received)
 
 
