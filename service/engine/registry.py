@@ -245,7 +245,7 @@ class Registry:
         if runtime is None:
             return
         if runtime.writer is not None:
-            runtime.writer.kick()
+            runtime.writer.heard_append()
         elif (
             self.loaded.is_set()
             and self.membership.should_own(name)

@@ -20,7 +20,7 @@ from service.engine.runtime import ModelRuntime
 from service.storage.codec import encode_vector
 from service.storage.store import Group, Store
 from service.storage.store import connect as redis_connect
-from tests.service.support import stream
+from tests.service.support import RedisServer, stream
 
 CONFIG = LearnerConfig(dim=3, gamma=0.05)
 
@@ -208,3 +208,68 @@ def test_the_periodic_read_takes_one_entry_and_sees_an_append_of_another_process
     assert 1 in reads  # the one-entry reads
     assert 6 <= offered <= 8  # the foreign entry and the one after it were read back
     assert_learned_like_the_core(L, X, y)
+
+
+def test_a_wake_while_an_append_of_this_process_is_in_flight_reads_nothing(
+    own_redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Woken while its own append is still in Redis (and nothing else is new), the writer does
+    not read the log: that append's entry is applied as offered once it returns. (A read then
+    would run after the append in Redis and bring its entry back to be decoded.)"""
+    monkeypatch.setattr(writer_module, "SKIP_READ_S", 3600.0)  # the latest read stays recent
+    X, y = stream(8, 3, 3, seed=13)
+    reads: list[int] = []
+    read_tail = Store.read_tail
+
+    async def counted(self: Store, name: str, after: str, count: int, *, applied: int) -> Any:
+        reads.append(count)
+        return await read_tail(self, name, after, count, applied=applied)
+
+    monkeypatch.setattr(Store, "read_tail", counted)
+
+    async def body(runtime: ModelRuntime) -> tuple[int, np.ndarray]:
+        writer = runtime.writer
+        assert writer is not None
+        await runtime.ingest(X[:1], [y[0]], wait=True)
+        offered_before, reads_before = writer.offered_applied, len(reads)
+        pauser = redis_connect(own_redis.url, 5.0)
+        try:  # every client's commands wait in Redis for a second
+            await pauser.execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        finally:
+            await pauser.aclose()
+        appended = runtime.submit(X[1:], list(y[1:]))
+        assert appended is not None
+        writer.kick()  # a wake with the append in flight
+        for _ in range(50):  # the writer's step runs (it would send its read at once)
+            await asyncio.sleep(0)
+        assert len(reads) == reads_before
+        assert (await appended).last_seq == len(y)
+        snapshot = await runtime.read(len(y))
+        return writer.offered_applied - offered_before, snapshot.L
+
+    offered, L = run_with_runtime(own_redis.url, body)
+    assert offered == 1  # the one entry of seven samples, as offered
+    assert_learned_like_the_core(L, X, y)
+
+
+def test_an_append_heard_from_another_process_is_read_at_once(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process's append, heard on the model's channel, is read at the wake it causes,
+    however recent the latest read (it is never offered here)."""
+    monkeypatch.setattr(writer_module, "SKIP_READ_S", 3600.0)
+    X, y = stream(5, 3, 3, seed=14)
+
+    async def body(runtime: ModelRuntime) -> np.ndarray:
+        writer = runtime.writer
+        assert writer is not None
+        await runtime.ingest(X[:1], [y[0]], wait=True)
+        foreign = Group(encode_vector(X[1:]), list(y[1:]), "", "f" * 32)
+        await runtime.store.append_groups(
+            runtime.name, [foreign], now_ms=0, ttl_ms=60_000, max_classes=100
+        )
+        writer.heard_append()  # what the registry does for a message on the channel
+        await until(lambda: runtime.snapshot.version == len(y), timeout=10)
+        return runtime.snapshot.L
+
+    assert_learned_like_the_core(run_with_runtime(redis_url, body), X, y)
