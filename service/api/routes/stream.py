@@ -151,11 +151,23 @@ async def _read_frames(
         else:
             continue
         started: _Started
+        samples = 0
+        id_json = ""
         if isinstance(frame, ServiceError):
-            id_json, samples, started = "", 0, frame
+            started = frame
         else:
             id_json = str(frame.id) if type(frame.id) is int else json.dumps(frame.id)
-            samples, started = await _start(runtime, frame, "w:" + id_json)
+            items, loc, indexed = _items(frame)
+            samples = len(items)
+            try:
+                X, keys, holdout = validate(runtime, items, loc=loc, indexed=indexed)
+                field = "w:" + id_json
+                logged = runtime.submit(X, keys, holdout, field)
+                if logged is None:  # no room now: wait for it before reading on
+                    logged = await runtime.submit_when_room(X, keys, holdout, field)
+                started = logged
+            except (ServiceError, RedisError) as exc:
+                started = exc
         try:
             await window.put((received, frame_id, id_json, samples, started))
         except BaseException:
@@ -163,27 +175,14 @@ async def _read_frames(
             raise
 
 
-async def _start(
-    runtime: ModelRuntime, frame: StreamFrame | BinaryFrame, idempotency_field: str
-) -> tuple[int, _Started]:
-    """The frame's samples checked and their append started: how many it holds and the
-    append's future, or what refused them. Suspends only when there is no room."""
+def _items(frame: StreamFrame | BinaryFrame) -> tuple[Items, list[str | int], bool]:
+    """A frame's samples (a binary frame's block, a JSON frame's list or its one sample) and
+    where they are in it (``loc``, ``indexed``: see :func:`~service.api.ingestion.ingest`)."""
     if isinstance(frame, BinaryFrame):
-        items: Items = frame.block
-        loc: list[str | int] = []
-        indexed = True
-    else:
-        items = frame.as_samples()
-        loc = ["samples"] if frame.samples is not None else []
-        indexed = frame.samples is not None
-    try:
-        X, keys, holdout = validate(runtime, items, loc=loc, indexed=indexed)
-        logged = runtime.submit(X, keys, holdout, idempotency_field)
-        if logged is None:
-            logged = await runtime.submit_when_room(X, keys, holdout, idempotency_field)
-    except (ServiceError, RedisError) as exc:
-        return len(items), exc
-    return len(items), logged
+        return frame.block, [], True
+    if frame.samples is not None:
+        return frame.samples, ["samples"], True
+    return frame.as_samples(), [], False
 
 
 async def _send_acks(
