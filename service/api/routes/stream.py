@@ -1,9 +1,12 @@
 """WebSockets: ``/stream`` (ingestion) and ``/events`` (push of the model's state).
 
-``/stream``: a reader loop parses and validates frames and puts them on a bounded queue of
-``OPML_WS_WINDOW`` frames; one sender takes them in order, appends each to the log and sends its
-``ack`` (or its ``error``). When the window is full the reader stops reading, so a fast client is
-held back by TCP flow control instead of by server memory. Acks and errors keep frame order.
+``/stream``: a reader loop parses and validates each frame, starts its append at once (queued
+for the log in frame order, without a task per frame) and puts it on a bounded queue of
+``OPML_WS_WINDOW`` frames; one sender takes them in order, waits for each append to return and
+sends its ``ack`` (or its ``error``). When the window is full the reader stops reading, so a
+fast client is held back by TCP flow control instead of by server memory; under learner
+backpressure (no room for a frame's samples) it waits for room before it reads on. Acks and
+errors keep frame order.
 
 ``/events``: frames are produced at most every ``interval_ms`` when the model changed, into a
 bounded per-connection queue; when a slow reader lets it fill, the oldest frame is dropped and
