@@ -106,7 +106,10 @@ class _Append:
         try:
             if isinstance(outcome, Appended):
                 if not outcome.replayed:  # logged, whether its caller still waits or not
-                    runtime._logged_here(outcome, self.group, self._decoded)
+                    try:
+                        runtime._logged_here(outcome, self.group, self._decoded)
+                    except Exception:  # a bug: the entry is logged all the same, and read
+                        log.exception("%s: handing an append to the writer failed", runtime.name)
                 if answer.done():
                     return
                 if outcome.replayed and outcome.fingerprint != self.group.fingerprint:

@@ -16,12 +16,15 @@ stops (shutdown) before sending it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from service.storage.store import Appended, Group, Store, TooManyClasses
+
+log = logging.getLogger("service.group_commit")
 
 
 class Append(Protocol):
@@ -79,7 +82,7 @@ class GroupCommit:
                 break
             self._pending.popleft()
             if append.gave_up():  # not sent: not logged
-                append.settle(None)
+                _settle(append, None)
                 continue
             batch.append(append)
             size += len(append.group)
@@ -104,14 +107,23 @@ class GroupCommit:
                 except Exception as exc:  # the whole call failed: every group in it did
                     done, batch = batch, []
                     for append in done:
-                        append.settle(exc)
+                        _settle(append, exc)
                     continue
                 done, batch = batch, []
                 for append, outcome in zip(done, outcomes, strict=True):
-                    append.settle(outcome)
+                    _settle(append, outcome)
         finally:
             self._flusher = None
             # Cancelled (shutdown) with appends unsettled: their callers must not wait forever.
             for append in [*batch, *self._pending]:
-                append.settle(asyncio.CancelledError())
+                _settle(append, asyncio.CancelledError())
             self._pending.clear()
+
+
+def _settle(append: Append, outcome: Appended | BaseException | None) -> None:
+    """``append.settle(outcome)``; a settle that fails (a bug) is logged, and the appends
+    after it in the call are still settled (their callers would wait forever)."""
+    try:
+        append.settle(outcome)
+    except Exception:
+        log.exception("settling an append failed")

@@ -1,13 +1,20 @@
 """Appends started without suspending (``ModelRuntime.submit``, one per ``/stream`` frame):
 queued for the log in call order, each future settled with its own outcome; one cancelled
 before its group was sent is left out of the log and frees its room; with no room, ``submit``
-declines and ``submit_when_room`` waits for it. Real Redis, in process."""
+declines and ``submit_when_room`` waits for it; a failure handing a logged append to the writer
+strands nobody. Real Redis, in process."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import numpy as np
+import pytest
 
 from service.engine.runtime import ModelRuntime
+from service.engine.writer import Writer
+from service.storage.store import Appended, Group
 from tests.service.support import stream
 from tests.service.test_offered import assert_learned_like_the_core, run_with_runtime, until
 
@@ -58,3 +65,32 @@ def test_with_no_room_submit_declines_and_submit_when_room_waits(redis_url: str)
         return (await runtime.read(6)).L
 
     assert_learned_like_the_core(run_with_runtime(redis_url, body), X, y)
+
+
+def test_an_append_the_writer_was_not_handed_is_acknowledged_and_read_back(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure while handing a logged append to the writer (a bug) neither strands its
+    caller nor the other appends of the same call: all are acknowledged, and the writer reads
+    the one it was not handed back from the log."""
+    X, y = stream(6, 3, 3, seed=8)
+    offer = Writer.offer
+    failed: list[int] = []
+
+    def failing(self: Writer, appended: Appended, group: Group, decoded: Any = None) -> None:
+        if appended.first_seq == 3:
+            failed.append(3)
+            raise RuntimeError("a bug")
+        offer(self, appended, group, decoded)
+
+    monkeypatch.setattr(Writer, "offer", failing)
+
+    async def body(runtime: ModelRuntime) -> np.ndarray:
+        futures = [runtime.submit(X[i : i + 1], [y[i]]) for i in range(len(y))]  # one call
+        answers = await asyncio.wait_for(asyncio.gather(*(f for f in futures if f)), 30)
+        assert [a.first_seq for a in answers] == [1, 2, 3, 4, 5, 6]
+        await until(lambda: runtime.admission.unapplied == 0)
+        return (await runtime.read(len(y))).L
+
+    assert_learned_like_the_core(run_with_runtime(redis_url, body), X, y)
+    assert failed == [3]
