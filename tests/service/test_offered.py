@@ -55,6 +55,20 @@ def assert_learned_like_the_core(L: np.ndarray, X: np.ndarray, y: list[Any]) -> 
     np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
 
 
+def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ``count`` of every log read the writer makes from now on (``Store.read_tail``),
+    appended as it is called."""
+    reads: list[int] = []
+    read_tail = Store.read_tail
+
+    async def counted(self: Store, name: str, after: str, count: int, *, applied: int) -> Any:
+        reads.append(count)
+        return await read_tail(self, name, after, count, applied=applied)
+
+    monkeypatch.setattr(Store, "read_tail", counted)
+    return reads
+
+
 async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -178,14 +192,7 @@ def test_the_periodic_read_takes_one_entry_and_sees_an_append_of_another_process
     monkeypatch.setattr(writer_module, "SKIP_READ_S", 0.0)  # every step reads
     monkeypatch.setattr(writer_module, "APPLY_DELAY_S", 0.0)
     X, y = stream(14, 3, 3, seed=9)
-    reads: list[int] = []
-    read_tail = Store.read_tail
-
-    async def counted(self: Store, name: str, after: str, count: int, *, applied: int) -> Any:
-        reads.append(count)
-        return await read_tail(self, name, after, count, applied=applied)
-
-    monkeypatch.setattr(Store, "read_tail", counted)
+    reads = count_reads(monkeypatch)
 
     async def body(runtime: ModelRuntime) -> tuple[int, np.ndarray]:
         writer = runtime.writer
@@ -218,14 +225,7 @@ def test_a_wake_while_an_append_of_this_process_is_in_flight_reads_nothing(
     would run after the append in Redis and bring its entry back to be decoded.)"""
     monkeypatch.setattr(writer_module, "SKIP_READ_S", 3600.0)  # the latest read stays recent
     X, y = stream(8, 3, 3, seed=13)
-    reads: list[int] = []
-    read_tail = Store.read_tail
-
-    async def counted(self: Store, name: str, after: str, count: int, *, applied: int) -> Any:
-        reads.append(count)
-        return await read_tail(self, name, after, count, applied=applied)
-
-    monkeypatch.setattr(Store, "read_tail", counted)
+    reads = count_reads(monkeypatch)
 
     async def body(runtime: ModelRuntime) -> tuple[int, np.ndarray]:
         writer = runtime.writer
