@@ -431,13 +431,15 @@ class IngestBody(_Body):
             raise ValueError("in a batch, holdout is a field of each sample")
         return self
 
-    def as_samples(self) -> Sequence[SampleFields]:
-        """The samples: the batch, or this body as the one sample (its fields are validated
-        already, as this body's: no :class:`Sample` is made of them)."""
+    def located(self, loc: list[str | int]) -> tuple[Sequence[SampleFields], list[str | int], bool]:
+        """The samples of this body found at ``loc`` in the request, where they are and
+        whether they are a list (each sample adds its index to ``loc``): the batch under
+        ``samples``, or this body itself as the one sample (its fields are validated already,
+        as this body's: no :class:`Sample` is made of them)."""
         if self.samples is not None:
-            return self.samples
+            return self.samples, [*loc, "samples"], True
         assert self.x is not None and self.y is not None
-        return (self,)
+        return (self,), loc, False
 
 
 FrameId = StrictInt | Annotated[StrictStr, Field(min_length=1, max_length=256)]

@@ -53,11 +53,12 @@ async def answer_ingest(
     """``POST .../samples`` from its raw parts (the route and the lean path both call it)."""
     parsed = parsing.json_body(IngestBody, content_type, body)
     waiting, key = parsing.ingest_options(wait, idempotency_key)
+    items, loc, indexed = parsed.located(["body"])
     result = await ingest(
         await models.lookup(name),
-        parsed.as_samples(),
-        loc=["body", "samples"] if parsed.samples is not None else ["body"],
-        indexed=parsed.samples is not None,
+        items,
+        loc=loc,
+        indexed=indexed,
         transport="rest",
         idempotency_field=f"h:{key}" if key else "",
         wait=waiting,

@@ -183,9 +183,7 @@ def _items(frame: StreamFrame | BinaryFrame) -> tuple[Items, list[str | int], bo
     where they are in it (``loc``, ``indexed``: see :func:`~service.api.ingestion.ingest`)."""
     if isinstance(frame, BinaryFrame):
         return frame.block, [], True
-    if frame.samples is not None:
-        return frame.samples, ["samples"], True
-    return frame.as_samples(), [], False
+    return frame.located([])
 
 
 async def _send_acks(
