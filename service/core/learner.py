@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, cast
 
 import numpy as np
+from numba import njit
 from scipy.linalg.blas import dtrmm
 from threadpoolctl import ThreadpoolController
 
@@ -364,15 +365,34 @@ def normalize_rows(X: Array, how: Normalize) -> Array:
 
 
 def _unit_rows(X: Array, out: Array) -> Array:
-    """``X``'s rows at unit L2 norm, written into ``out``: ``Y = X / max|x|``, then
-    ``Y / ||Y||`` (``max |x| = max(max x, -min x)``: no temporary for ``|X|``)."""
-    scale = np.maximum(X.max(axis=1), -X.min(axis=1))
-    scale[scale == 0.0] = 1.0
-    np.divide(X, scale[:, None], out=out)
-    norms = np.sqrt(np.einsum("ij,ij->i", out, out))
-    norms[norms == 0.0] = 1.0
-    np.divide(out, norms[:, None], out=out)
+    """``X``'s rows at unit L2 norm, written into ``out`` (:func:`_unit_rows_into`)."""
+    _unit_rows_into(np.ascontiguousarray(X, dtype=np.float64), out)
     return out
+
+
+@njit(cache=True, nogil=True, error_model="numpy")
+def _unit_rows_into(X: Array, out: Array) -> None:
+    """Row by row, ``y = x / max|x|``, then ``y / ||y||`` into ``out`` (a zero row stays
+    zero). One compiled pass that holds no GIL: in the service this runs in the learner's
+    thread beside a busy event loop, where each of the six NumPy calls it replaces waited for
+    the GIL on its return (a fifth of a batch's time at d = 64)."""
+    n, d = X.shape
+    for i in range(n):
+        scale = 0.0
+        for j in range(d):
+            scale = max(scale, abs(X[i, j]))
+        if scale == 0.0:
+            scale = 1.0
+        total = 0.0
+        for j in range(d):
+            v = X[i, j] / scale
+            out[i, j] = v
+            total += v * v
+        norm = math.sqrt(total)
+        if norm == 0.0:
+            norm = 1.0
+        for j in range(d):
+            out[i, j] = out[i, j] / norm
 
 
 def _normalized_minus(X: Array, how: Normalize, A: Array, out: Array) -> Array:
@@ -1119,6 +1139,7 @@ def warm_up() -> None:
     The first compilation takes seconds; a service calls this before it reports ready, so no
     request waits for it. Later processes load the cached machine code in well under a second.
     """
+    normalize_rows(np.eye(2), "l2")
     algorithm: Algorithm
     for algorithm in ("opml", "copml", *GRADIENT_ALGORITHMS):  # type: ignore[assignment]
         learner = Learner(LearnerConfig(dim=2, algorithm=algorithm))

@@ -25,7 +25,11 @@ from tests.service.support import RedisServer, stream
 CONFIG = LearnerConfig(dim=3, gamma=0.05)
 
 
-def run_with_runtime(redis_url: str, body: Callable[[ModelRuntime], Awaitable[Any]]) -> Any:
+def run_with_runtime(
+    redis_url: str,
+    body: Callable[[ModelRuntime], Awaitable[Any]],
+    settings: Settings | None = None,
+) -> Any:
     """``body(runtime)`` on a fresh model learned by this (test) process."""
 
     async def run() -> Any:
@@ -34,7 +38,9 @@ def run_with_runtime(redis_url: str, body: Callable[[ModelRuntime], Awaitable[An
         name = f"offered-{time.time_ns()}"
         created = time.time()
         assert await store.create_model(name, asdict(CONFIG), created)
-        runtime = ModelRuntime(name, CONFIG, created, store, Settings(), f"test:{name}")
+        runtime = ModelRuntime(
+            name, CONFIG, created, store, settings or Settings(), f"test:{name}"
+        )
         try:
             assert await runtime.claim()
             runtime.activate()
