@@ -12,11 +12,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from service.core._validation import Array
 
 #: Pairs of each kind needed before the threshold counts as calibrated.
 MIN_PAIRS = 20
+
+
+@njit(cache=True)
+def _ring_write(pairs: Array, count: int, d_pos: Array, d_neg: Array) -> None:
+    """``pairs[(count + i) % window] = (d_pos[i], d_neg[i])`` for every ``i``: one compiled
+    loop that keeps the GIL (see :func:`~service.core._validation.all_finite`)."""
+    window = pairs.shape[0]
+    for i in range(d_pos.shape[0]):
+        r = (count + i) % window
+        pairs[r, 0] = d_pos[i]
+        pairs[r, 1] = d_neg[i]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +85,7 @@ class ThresholdCalibrator:
             d_pos, d_neg = d_pos[n - self.window :], d_neg[n - self.window :]
             self._count += n - self.window
             n = self.window
-        rows = (self._count + np.arange(n)) % self.window
-        self._pairs[rows, 0] = d_pos
-        self._pairs[rows, 1] = d_neg
+        _ring_write(self._pairs, self._count, d_pos, d_neg)
         self._count += n
 
     def _window(self) -> Array:

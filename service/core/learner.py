@@ -395,6 +395,26 @@ def _unit_rows_into(X: Array, out: Array) -> None:
             out[i, j] = out[i, j] / norm
 
 
+@njit(cache=True, error_model="numpy")
+def _negatives(uniforms: Array, known: Any, slots: Any) -> tuple[Any, Array]:
+    """Per sample, the slot of its negative class, drawn by its uniform among the ``known``
+    classes other than its own (``slots``): ``floor(u (known - 1))``, that slot skipped; and an
+    array of NaN as long. The arithmetic of ``(u * max(known - 1, 0)).astype(int64)`` then
+    ``+= (negative >= slot)``, in one compiled pass that keeps the GIL (see
+    :func:`~service.core._validation.all_finite`: those were six NumPy calls)."""
+    n = uniforms.shape[0]
+    negatives = np.empty(n, dtype=np.int64)
+    nan = np.empty(n)
+    for t in range(n):
+        others = max(known[t] - 1, 0)
+        negative = np.int64(uniforms[t] * others)
+        if negative >= slots[t]:
+            negative += 1
+        negatives[t] = negative
+        nan[t] = np.nan
+    return negatives, nan
+
+
 def _normalized_minus(X: Array, how: Normalize, A: Array, out: Array) -> Array:
     """``normalize_rows(X, how) - A`` written into ``out``: bit for bit the same operations,
     without a temporary per step (one allocation fewer per block of a one-to-many query)."""
@@ -680,9 +700,8 @@ class Learner:
             )
         # ... which picks the negative uniformly among the other seen classes (learn_batch
         # does the same arithmetic for OPML/COPML; the others take these rows).
-        negatives = (uniforms * np.maximum(known - 1, 0)).astype(np.int64)
-        negatives += negatives >= slots
-        fro2 = np.full(n, np.nan)  # ||A_t||_F^2 of the gradient learners' steps
+        negatives, fro2 = _negatives(uniforms, known, slots)  # fro2: ||A_t||_F^2 of the
+        # gradient learners' steps (NaN until they set it)
         race = self._race
         if race is not None and not race.started:
             race.start(self._tracks)
@@ -1140,6 +1159,7 @@ def warm_up() -> None:
     request waits for it. Later processes load the cached machine code in well under a second.
     """
     normalize_rows(np.eye(2), "l2")
+    _negatives(np.zeros(1), np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
     algorithm: Algorithm
     for algorithm in ("opml", "copml", *GRADIENT_ALGORITHMS):  # type: ignore[assignment]
         learner = Learner(LearnerConfig(dim=2, algorithm=algorithm))

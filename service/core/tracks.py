@@ -13,11 +13,47 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from service.core import health
 from service.core._validation import Array
 from service.core.calibration import ThresholdCalibrator
 from service.core.update import OUTCOMES, STATE_SIZE, TRIPLET_CODES, learn_batch
+
+_ALL: Any = np.ones(0, dtype=np.bool_)
+_T0, _T1 = TRIPLET_CODES[0], TRIPLET_CODES[-1]
+
+
+@njit(cache=True)
+def _nan(shape: tuple[int, int, int]) -> Array:
+    """An array of NaN, filled keeping the GIL (see
+    :func:`~service.core._validation.all_finite`)."""
+    out = np.empty(shape)
+    out[:] = np.nan
+    return out
+
+
+@njit(cache=True)
+def _triplet_distances(
+    codes: Any, values: Array, j: int, counts: Any, every: bool, observed: Any
+) -> tuple[Array, Array]:
+    """Track ``j``'s outcomes added to ``counts``; and the (positive, negative) squared
+    distances of its triplet steps, in order (only the rows ``observed`` marks, unless
+    ``every``): one compiled pass that keeps the GIL (see
+    :func:`~service.core._validation.all_finite`; this was a bincount, a mask and two fancy
+    indexings)."""
+    n = codes.shape[0]
+    d_pos = np.empty(n)
+    d_neg = np.empty(n)
+    m = 0
+    for t in range(n):
+        c = codes[t, j]
+        counts[c] += 1
+        if _T0 <= c <= _T1 and (every or observed[t]):
+            d_pos[m] = values[t, j, 1]
+            d_neg[m] = values[t, j, 2]
+            m += 1
+    return d_pos[:m], d_neg[:m]
 
 
 class Tracks:
@@ -72,8 +108,7 @@ class Tracks:
         rehearsal's arrivals). Returns ``codes`` ``(n, k)`` and ``values`` ``(n, k, 4)``."""
         n, k = len(X), len(self)
         codes = np.empty((n, k), dtype=np.int64)
-        values = np.empty((n, k, 4))
-        values.fill(np.nan)
+        values = _nan((n, k, 4))
         learn_batch(
             self.Ls,
             self._indices,
@@ -100,11 +135,11 @@ class Tracks:
                 if TRIPLET_CODES[0] <= c <= TRIPLET_CODES[-1]:
                     self.calibrators[j].observe(float(values[0, j, 1]), float(values[0, j, 2]))
                 continue
-            triplets = (code >= TRIPLET_CODES[0]) & (code <= TRIPLET_CODES[-1])
-            if observed is not None:
-                triplets &= observed
-            self.calibrators[j].observe_many(values[triplets, j, 1], values[triplets, j, 2])
-            self.counts[j] += np.bincount(code, minlength=len(OUTCOMES))
+            every = observed is None
+            d_pos, d_neg = _triplet_distances(
+                codes, values, j, self.counts[j], every, _ALL if every else observed
+            )
+            self.calibrators[j].observe_many(d_pos, d_neg)
         return codes, values
 
     def expand(self, gammas: list[float], served: int) -> None:
