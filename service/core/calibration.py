@@ -31,6 +31,40 @@ def _ring_write(pairs: Array, count: int, d_pos: Array, d_neg: Array) -> None:
         pairs[r, 1] = d_neg[i]
 
 
+@njit(cache=True)
+def _eer(pos: Array, neg: Array, pairs: Array) -> tuple[float, float, float]:
+    """The equal-error-rate point of ``pairs`` (rows ``(d_pos, d_neg)``, at least one; ``pos``
+    and ``neg`` its columns sorted): its threshold, error rate, and the triplet accuracy (share
+    with ``d_pos < d_neg``).
+
+    Every observed distance is a candidate threshold, the positives' in ascending order, then
+    the negatives'. At ``c``: ``frr = 1 - #{pos <= c} / n``, ``far = #{neg <= c} / n``; the
+    first candidate with the least ``|far - frr| + 1e-12 (far + frr)`` wins (ties: fewer
+    errors). The counts come from walking both sorted lists alongside the candidates (they
+    ascend), O(n) after the sorts, where ``searchsorted`` per candidate was O(n log n) and a
+    dozen NumPy calls (NumPy still sorts: faster than a compiled sort): computed for every
+    new snapshot that a verify or an ``/events`` frame reads."""
+    n = pairs.shape[0]
+    best_gap, threshold, eer = np.inf, 0.0, 0.0
+    for sorted_candidates in (pos, neg):
+        i = j = 0  # #{pos <= c}, #{neg <= c}: c ascends within each list
+        for c in sorted_candidates:
+            while i < n and pos[i] <= c:
+                i += 1
+            while j < n and neg[j] <= c:
+                j += 1
+            frr = 1.0 - i / n
+            far = j / n
+            gap = abs(far - frr) + 1e-12 * (far + frr)
+            if gap < best_gap:
+                best_gap, threshold, eer = gap, c, (far + frr) / 2
+    correct = 0
+    for t in range(n):
+        if pairs[t, 0] < pairs[t, 1]:
+            correct += 1
+    return threshold, eer, correct / n
+
+
 @dataclass(frozen=True, slots=True)
 class Calibration:
     """The window's verdict: EER threshold (squared units), its error rate, triplet accuracy.
@@ -100,19 +134,9 @@ class ThresholdCalibrator:
         if n == 0:
             result = Calibration(None, None, None, 0, False)
         else:
-            pos = np.sort(pairs[:, 0])
-            neg = np.sort(pairs[:, 1])
-            candidates = np.concatenate([pos, neg])
-            frr = 1.0 - np.searchsorted(pos, candidates, side="right") / n
-            far = np.searchsorted(neg, candidates, side="right") / n
-            gap = np.abs(far - frr) + 1e-12 * (far + frr)  # ties: prefer fewer errors
-            best = int(np.argmin(gap))
+            threshold, eer, accuracy = _eer(np.sort(pairs[:, 0]), np.sort(pairs[:, 1]), pairs)
             result = Calibration(
-                threshold=float(candidates[best]),
-                eer=float((far[best] + frr[best]) / 2),
-                accuracy=float(np.mean(pairs[:, 0] < pairs[:, 1])),
-                pairs=n,
-                calibrated=n >= MIN_PAIRS,
+                threshold=threshold, eer=eer, accuracy=accuracy, pairs=n, calibrated=n >= MIN_PAIRS
             )
         self._cached = (self._count, result)
         return result

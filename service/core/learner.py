@@ -1159,6 +1159,9 @@ def warm_up() -> None:
     request waits for it. Later processes load the cached machine code in well under a second.
     """
     normalize_rows(np.eye(2), "l2")
+    calibrator = ThresholdCalibrator(window=4)
+    calibrator.observe_many(np.ones(2), np.zeros(2))
+    calibrator.calibration()
     _negatives(np.zeros(1), np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
     algorithm: Algorithm
     for algorithm in ("opml", "copml", *GRADIENT_ALGORITHMS):  # type: ignore[assignment]

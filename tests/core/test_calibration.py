@@ -68,3 +68,37 @@ def test_state_round_trip_keeps_order_across_wraparound(count: int) -> None:
 def test_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="window"):
         ThresholdCalibrator(window=0)
+
+
+def _eer_by_definition(pairs: np.ndarray) -> tuple[float, float, float]:
+    """The EER point by its definition, with NumPy: every observed distance a candidate (the
+    positives' ascending, then the negatives'), FRR / FAR counted by ``searchsorted`` at each,
+    the first least ``|far - frr| + 1e-12 (far + frr)``."""
+    n = len(pairs)
+    pos, neg = np.sort(pairs[:, 0]), np.sort(pairs[:, 1])
+    candidates = np.concatenate([pos, neg])
+    frr = 1.0 - np.searchsorted(pos, candidates, side="right") / n
+    far = np.searchsorted(neg, candidates, side="right") / n
+    best = int(np.argmin(np.abs(far - frr) + 1e-12 * (far + frr)))
+    accuracy = float(np.mean(pairs[:, 0] < pairs[:, 1]))
+    return float(candidates[best]), float((far[best] + frr[best]) / 2), accuracy
+
+
+@pytest.mark.parametrize("kind", ["continuous", "ties", "equal_pairs"])
+def test_calibration_equals_the_definition_exactly(kind: str) -> None:
+    """The compiled walk gives bit for bit what the definition gives, ties included (small
+    integer distances, pairs whose two distances are equal), at every window fill."""
+    rng = np.random.default_rng({"continuous": 3, "ties": 4, "equal_pairs": 5}[kind])
+    for n in [1, 2, 3, 19, 20, 250, 1000]:
+        if kind == "continuous":
+            pairs = rng.normal(size=(n, 2)) ** 2
+        elif kind == "ties":
+            pairs = rng.integers(0, 4, size=(n, 2)).astype(float)
+        else:
+            pairs = np.column_stack([rng.exponential(1.0, n), rng.exponential(3.0, n)])
+            pairs[: n // 2, 1] = pairs[: n // 2, 0]
+        cal = ThresholdCalibrator(window=1000)
+        cal.observe_many(pairs[:, 0], pairs[:, 1])
+        c = cal.calibration()
+        assert (c.threshold, c.eer, c.accuracy) == _eer_by_definition(pairs)
+        assert c.pairs == n and c.calibrated == (n >= MIN_PAIRS)

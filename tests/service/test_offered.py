@@ -38,9 +38,7 @@ def run_with_runtime(
         name = f"offered-{time.time_ns()}"
         created = time.time()
         assert await store.create_model(name, asdict(CONFIG), created)
-        runtime = ModelRuntime(
-            name, CONFIG, created, store, settings or Settings(), f"test:{name}"
-        )
+        runtime = ModelRuntime(name, CONFIG, created, store, settings or Settings(), f"test:{name}")
         try:
             assert await runtime.claim()
             runtime.activate()
