@@ -80,6 +80,7 @@ from service.core.update import (
     TRIPLET_UPDATE,
     StepResult,
     StepResults,
+    nan_filled,
 )
 from service.core.update import OUTCOMES as OUTCOMES
 
@@ -396,23 +397,21 @@ def _unit_rows_into(X: Array, out: Array) -> None:
 
 
 @njit(cache=True, error_model="numpy")
-def _negatives(uniforms: Array, known: Any, slots: Any) -> tuple[Any, Array]:
+def _negatives(uniforms: Array, known: Any, slots: Any) -> Any:
     """Per sample, the slot of its negative class, drawn by its uniform among the ``known``
-    classes other than its own (``slots``): ``floor(u (known - 1))``, that slot skipped; and an
-    array of NaN as long. The arithmetic of ``(u * max(known - 1, 0)).astype(int64)`` then
-    ``+= (negative >= slot)``, in one compiled pass that keeps the GIL (see
-    :func:`~service.core._validation.all_finite`: those were six NumPy calls)."""
+    classes other than its own (``slots``): ``floor(u (known - 1))``, that slot skipped. The
+    arithmetic of ``(u * max(known - 1, 0)).astype(int64)`` then ``+= (negative >= slot)``,
+    in one compiled pass that keeps the GIL (see :func:`~service.core._validation.all_finite`:
+    those were five NumPy calls)."""
     n = uniforms.shape[0]
     negatives = np.empty(n, dtype=np.int64)
-    nan = np.empty(n)
     for t in range(n):
         others = max(known[t] - 1, 0)
         negative = np.int64(uniforms[t] * others)
         if negative >= slots[t]:
             negative += 1
         negatives[t] = negative
-        nan[t] = np.nan
-    return negatives, nan
+    return negatives
 
 
 def _normalized_minus(X: Array, how: Normalize, A: Array, out: Array) -> Array:
@@ -700,8 +699,8 @@ class Learner:
             )
         # ... which picks the negative uniformly among the other seen classes (learn_batch
         # does the same arithmetic for OPML/COPML; the others take these rows).
-        negatives, fro2 = _negatives(uniforms, known, slots)  # fro2: ||A_t||_F^2 of the
-        # gradient learners' steps (NaN until they set it)
+        negatives = _negatives(uniforms, known, slots)
+        fro2 = nan_filled((n,))  # ||A_t||_F^2 of the gradient learners' steps
         race = self._race
         if race is not None and not race.started:
             race.start(self._tracks)

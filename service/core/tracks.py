@@ -18,31 +18,24 @@ from numba import njit
 from service.core import health
 from service.core._validation import Array
 from service.core.calibration import ThresholdCalibrator
-from service.core.update import OUTCOMES, STATE_SIZE, TRIPLET_CODES, learn_batch
+from service.core.update import OUTCOMES, STATE_SIZE, TRIPLET_CODES, learn_batch, nan_filled
 
-_ALL: Any = np.ones(0, dtype=np.bool_)
+#: ``observed`` of :func:`_triplet_distances` when every row is observed.
+_EVERY: Any = np.ones(0, dtype=np.bool_)
 _T0, _T1 = TRIPLET_CODES[0], TRIPLET_CODES[-1]
 
 
 @njit(cache=True)
-def _nan(shape: tuple[int, int, int]) -> Array:
-    """An array of NaN, filled keeping the GIL (see
-    :func:`~service.core._validation.all_finite`)."""
-    out = np.empty(shape)
-    out[:] = np.nan
-    return out
-
-
-@njit(cache=True)
 def _triplet_distances(
-    codes: Any, values: Array, j: int, counts: Any, every: bool, observed: Any
+    codes: Any, values: Array, j: int, counts: Any, observed: Any
 ) -> tuple[Array, Array]:
     """Track ``j``'s outcomes added to ``counts``; and the (positive, negative) squared
-    distances of its triplet steps, in order (only the rows ``observed`` marks, unless
-    ``every``): one compiled pass that keeps the GIL (see
+    distances of its triplet steps, in order (only the rows ``observed`` marks; all of them
+    when it is empty): one compiled pass that keeps the GIL (see
     :func:`~service.core._validation.all_finite`; this was a bincount, a mask and two fancy
     indexings)."""
     n = codes.shape[0]
+    every = observed.shape[0] == 0
     d_pos = np.empty(n)
     d_neg = np.empty(n)
     m = 0
@@ -108,7 +101,7 @@ class Tracks:
         rehearsal's arrivals). Returns ``codes`` ``(n, k)`` and ``values`` ``(n, k, 4)``."""
         n, k = len(X), len(self)
         codes = np.empty((n, k), dtype=np.int64)
-        values = _nan((n, k, 4))
+        values = nan_filled((n, k, 4))
         learn_batch(
             self.Ls,
             self._indices,
@@ -135,9 +128,8 @@ class Tracks:
                 if TRIPLET_CODES[0] <= c <= TRIPLET_CODES[-1]:
                     self.calibrators[j].observe(float(values[0, j, 1]), float(values[0, j, 2]))
                 continue
-            every = observed is None
             d_pos, d_neg = _triplet_distances(
-                codes, values, j, self.counts[j], every, _ALL if every else observed
+                codes, values, j, self.counts[j], _EVERY if observed is None else observed
             )
             self.calibrators[j].observe_many(d_pos, d_neg)
         return codes, values

@@ -538,6 +538,20 @@ class StepResult:
         }
 
 
+@njit(cache=True)
+def nan_filled(shape: Any) -> Array:
+    """A new float64 array of ``shape`` (a tuple) holding NaN, filled keeping the GIL (see
+    :func:`~service.core._validation.all_finite`; ``np.full`` gives it up and waits for it
+    again).
+
+    >>> nan_filled((2,)).tolist()
+    [nan, nan]
+    """
+    out = np.empty(shape)
+    out[:] = np.nan
+    return out
+
+
 def _maybe(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 

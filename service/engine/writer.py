@@ -184,7 +184,7 @@ class Writer:
         #: samples decoded, when it was offered).
         self._offered: dict[int, tuple[int, Entry, Decoded | None, float]] = {}
         self._read_at: float | None = None  # monotonic time of the latest log read
-        #: The one Redis job the writer runs beside its batches (:meth:`_chore`): the periodic
+        #: The one Redis job the writer runs beside its batches (:meth:`_start_chore`): the periodic
         #: one-entry read or a checkpoint write.
         self._chore: asyncio.Task[None] | None = None
         #: A one-entry read did not find the offered entry it expected: read before offered
@@ -298,7 +298,7 @@ class Writer:
     async def _light_read(self, read_at: float, current: Snapshot, expected: StreamId) -> None:
         """The read due every :data:`SKIP_READ_S` while offered entries flow, of one entry
         (not a batch: the offered ones are the same bytes), run beside the learning of those
-        entries (:meth:`_chore`): it publishes the applied seq and shows a checkpoint of
+        entries (:meth:`_start_chore`): it publishes the applied seq and shows a checkpoint of
         another owner. When that entry is not the offered one the writer was about to apply,
         the next step reads the log instead of applying offered entries. ``current``: the
         snapshot it reads after; ``expected``: the id of the offered entry that follows."""
@@ -447,8 +447,7 @@ class Writer:
             self.caught_up.set()
             self._replaying = False
             self.synced_at = read_at
-        if self.lease.held and self._checkpoint_due() and self._chore_free():
-            await self._write_checkpoint()
+        self._chores(read_at)  # a checkpoint, when due (the read was just made)
         if len(tail.entries) == count:
             return 0.0
         return PUBLISH_DELAY_S if tail.entries else self.settings.poll_interval_s
