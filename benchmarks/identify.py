@@ -8,7 +8,7 @@ Three parts, all printed and saved with the machine they ran on:
 1. **Refresh cost in the core** (in this process, one BLAS thread): bringing ``Z = G L^T`` to a
    new ``L`` fully (``G L^T``) and incrementally (``Z + (G B^T) Q^T`` for a change of rank
    r', :mod:`service.core.gallery`) by ``d``, gallery size and r': the table behind the
-   refresh policy (incremental when ``8 r' <= d``).
+   refresh policy (incremental when ``32 r' <= d``; the full product in float32).
 2. **The service** (``python -m service`` on the embedded Redis, ``appendfsync always``, in a
    temporary dir; d = 128, ``normalize: l2``): galleries of 10,000 and 100,000 items enrolled
    over HTTP; ``POST .../identify`` (one vector, k = 5, JSON) in an open loop at a fixed rate,
@@ -490,8 +490,9 @@ def report(data: dict[str, Any]) -> str:
         "",
         "## Refresh cost in the core (one BLAS thread, median)",
         "",
-        "Full: `Z = G L^T`. Incremental: `Z + (G B^T) Q^T` for a change of rank r' "
-        "(forced here; the policy takes it when `8 r' <= d`, marked *).",
+        "Full: `Z = G L^T` (in float32 while the scale allows). Incremental: "
+        "`Z + (G B^T) Q^T` for a change of rank r' (forced here; the policy takes it when "
+        "`32 r' <= d`, marked *).",
         "",
     ]
     ranks = sorted({int(r) for row in data["core"] for r in row["incremental_ms"]})

@@ -7,25 +7,33 @@ query maps itself once (O(d^2)) and ranks the expanded square
 
 Keeping ``Z`` up to date (:meth:`TransformedGallery.refreshed`)
 ---------------------------------------------------------------
-* **full**: ``Z = G L^T``, one matrix product, O(n d^2);
+* **full**: ``Z = G L^T``, one matrix product, O(n d^2), taken in float32 from float32 copies
+  of ``G`` (kept beside it) and ``L``: half the cost of the float64 product (10,000 x 128 on
+  one thread: 3.1 against 7.2 ms) and half the memory for ``Z``. Its rounding (operands
+  rounded to float32, a d-term float32 dot product per entry, underflow included:
+  :func:`_f32_product_err`) is carried in the error bound below, ~1.6e-5 ``||L||_F`` per unit
+  of ``||g_i||`` at d = 128; the bound stage reads ``Z`` in float32 anyway (below), so the
+  answers are unchanged. Past :data:`F32_SAFE` (rows or ``L`` too large for float32's range)
+  the product is float64;
 * **incremental**: every learner step changes ``L`` by a rank-two correction
   ``p u^T + q v^T`` (Eq. 16; rank one for a COPML pair step, Eq. 20), so between two versions
   ``L' - L`` has rank at most ``r`` = 2 x (triplet steps) + (pair steps), known from the step
   counts. It is factorised as ``Q B`` (``Q`` d x r' orthonormal, by a randomised range finder
-  with ``r' = r + OVERSAMPLE`` columns, O(d^2 r')), and ``Z' = Z + (G B^T) Q^T``: O(n d r')
-  instead of O(n d^2), in one compiled pass over the rows (:func:`_low_rank_update`). The
-  factorisation's residual ``||L' - L - Q B||_F`` is measured and carried in the error bound
-  below, so nothing is assumed about it.
+  with ``r' = r + OVERSAMPLE`` columns, O(d^2 r')), and ``Z' = Z + (G B^T) Q^T`` in float64:
+  O(n d r') instead of O(n d^2), in one compiled pass over the rows (:func:`_low_rank_update`).
+  The factorisation's residual ``||L' - L - Q B||_F`` is measured and carried in the error
+  bound below, so nothing is assumed about it; past :func:`max_relative_err` (twice the
+  float32 product's bound) the refresh is full instead.
 
-The incremental form is taken when ``8 r' <= d`` and the gallery has more than ``d`` rows,
-else the full one (:func:`refresh_method`). The full product runs at BLAS speed and the
+The incremental form is taken when ``32 r' <= d`` and the gallery has more than ``d`` rows,
+else the full one (:func:`refresh_method`). The float32 product runs at BLAS speed and the
 incremental pass is bound by memory traffic (three n x d streams), so the incremental form
-pays well below ``r' = d``: on this machine it is 1.1-3x cheaper at ``r' <= d / 8`` for
-d >= 128 and about even near ``r' = d / 4``; at d = 64 the two are within the noise
-(``benchmarks/results/identify.md`` has both costs by ``d``, ``n`` and ``r'``). At d = 128
-that is up to 7 triplet steps per refresh: a learner publishing batches of hundreds of steps
-(20,000 samples/s) gets full refreshes; the incremental form is for the slow stream of a few
-steps per version, where it is cheaper.
+pays only for small changes: 10,000 rows, one BLAS thread, full against r' = 4 / 8 / 16:
+d = 128 3.4 against 3.1 / 3.6 / 5.9 ms, d = 256 12.6 against 8.4 / 10.0 / 17.5 ms, d = 512
+41.8 against 26.2 / 33.1 / 44.3 ms (``benchmarks/results/identify.md`` has both costs by
+``d``, ``n`` and ``r'``). At d = 128 that is one triplet step per refresh: a learner
+publishing batches of hundreds of steps (20,000 samples/s) gets full refreshes; the
+incremental form is for the slow stream of a step or a few per version at larger d.
 
 Exact answers (:meth:`TransformedGallery.nearest`)
 --------------------------------------------------
@@ -34,8 +42,9 @@ taken alone they could swap two nearly tied rows. The search therefore has two s
 
 1. **bounds** -- every rounding and drift error is bounded with the standard floating-point
    bounds (``gamma_n = n u / (1 - n u)``, ``u = 2^-53``; Higham, *Accuracy and Stability of
-   Numerical Algorithms*, Ch. 3), times a safety factor of 2: ``||z_i - L g_i|| <= err ||g_i||``
-   for the stored rows (``err`` is tracked through refreshes), the query's own image, the
+   Numerical Algorithms*, Ch. 3), times a safety factor of 2:
+   ``||z_i - L g_i|| <= err ||g_i|| + err_abs`` for the stored rows (tracked through
+   refreshes; ``err_abs`` is float32's underflow), the query's own image, the
    expanded square, and the brute force's own rounding. Together, with the largest row norms of
    the view, they give ``delta``: every row's brute-force value is within ``delta`` of its
    expanded square ``e_i``. A row among the k smallest brute-force values therefore has
@@ -99,8 +108,6 @@ F32_SAFE = 1e18
 SAFETY = 2.0
 #: Extra columns of the range finder beyond the rank bound (robustness to rounding noise).
 OVERSAMPLE = 2
-#: Past this bound on ``||z_i - L g_i|| / ||g_i||`` relative to ``||L||_F``, a refresh is full.
-MAX_RELATIVE_ERR = 1e-10
 #: Distances computed per block of the bound stage (``n`` rows x queries), about 8 MB.
 _BLOCK_VALUES = 1 << 20
 #: A new block's capacity is at least this many rows (then doubling).
@@ -127,9 +134,13 @@ def _f32_dot_error(d: int, z_norm: Any, q_norm: Any) -> Any:
     plus ``ETA32 (2 sqrt(d) (||z|| + ||q||) + 3 d)`` (generously: every cross term of order
     ``ETA32 U32`` or ``ETA32^2`` is folded in).
     """
-    relative = 2.0 * U32 + U32 * U32 + _gamma(d, U32) * (1.0 + U32) ** 2
     absolute = ETA32 * (2.0 * math.sqrt(d) * (z_norm + q_norm) + 3.0 * d)
-    return relative * z_norm * q_norm + absolute
+    return _f32_relative(d) * z_norm * q_norm + absolute
+
+
+def _f32_relative(d: int) -> float:
+    """The relative part of :func:`_f32_dot_error`: ``2 U32 + U32^2 + gamma_d (1 + U32)^2``."""
+    return 2.0 * U32 + U32 * U32 + _gamma(d, U32) * (1.0 + U32) ** 2
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -158,9 +169,10 @@ def _brute_force(G: Array, rows: Any, q: Array, L: Array, out: Array) -> None:
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def _low_rank_update(
-    G: Array, Z: Array, B: Array, QT: Array, out: Array, squares: Array, norms: Array
+    G: Array, Z: Any, B: Array, QT: Array, out: Array, squares: Array, norms: Array
 ) -> None:
-    """``out = Z + (G B^T) Q^T`` row by row, with each new row's squared norm and norm.
+    """``out = Z + (G B^T) Q^T`` row by row, with each new row's squared norm and norm
+    (``Z`` in float64 or float32, ``out`` in float64).
 
     One pass over the rows (read ``g_i`` and ``z_i``, write ``z'_i``): the products' operands
     ``B`` and ``Q^T`` (r' x d each) stay in cache, so the update costs the memory traffic of
@@ -191,12 +203,28 @@ def _low_rank_update(
         norms[i] = math.sqrt(total)
 
 
+@njit(cache=True, nogil=True)
+def _measure32(rows32: Any, squares: Array, norms: Array) -> None:
+    """The squared norms and norms of float32 rows, summed in float64."""
+    for i in range(rows32.shape[0]):
+        row = rows32[i]
+        total = 0.0
+        for j in range(row.shape[0]):
+            v = np.float64(row[j])
+            total += v * v
+        squares[i] = total
+        norms[i] = math.sqrt(total)
+
+
 def warm_up() -> None:
     """Compile (or load from numba's cache) the compiled loops before they are needed."""
     out = np.empty(1)
     _brute_force(np.zeros((1, 2)), np.zeros(1, dtype=np.int64), np.ones(2), np.eye(2), out)
     rows = np.zeros((1, 2))
     _low_rank_update(rows, rows, np.eye(2), np.eye(2), np.empty((1, 2)), out, np.empty(1))
+    rows32 = rows.astype(np.float32)
+    _low_rank_update(rows, rows32, np.eye(2), np.eye(2), np.empty((1, 2)), out, np.empty(1))
+    _measure32(rows32, out, np.empty(1))
 
 
 def brute_force(G: Array, rows: Ints, q: Array, L: Array) -> Array:
@@ -224,70 +252,109 @@ def refresh_method(rank: int | None, n: int, d: int) -> str:
     """``"incremental"`` or ``"full"`` for a change of ``L`` of rank at most ``rank`` (None:
     unknown) over ``n`` rows of dimension ``d`` (see the module docstring).
 
-    >>> refresh_method(2, 10_000, 128), refresh_method(20, 10_000, 128), refresh_method(2, 50, 128)
+    >>> refresh_method(2, 10_000, 128), refresh_method(4, 10_000, 128), refresh_method(2, 50, 128)
     ('incremental', 'full', 'full')
     """
     if rank is None or n <= d:
         return "full"
-    return "incremental" if 8 * (rank + OVERSAMPLE) <= d else "full"
+    return "incremental" if 32 * (rank + OVERSAMPLE) <= d else "full"
 
 
 @dataclass
 class _Block:
     """Rows with spare capacity and per-row norms; rows ``[0, used)`` are written and never
-    change again (views made earlier read them while later rows are appended). ``Z``'s blocks
-    also keep the rows in float32 (``rows32``, the bound stage's operand; see ``nearest``)."""
+    change again (views made earlier read them while later rows are appended).
 
-    rows: Array  # (capacity, d)
+    Every block keeps its rows in float32 (``rows32``: the bound stage's operand for ``Z``,
+    the float32 product's operand for ``G``; see ``nearest`` and ``refreshed``). ``rows``
+    holds them in float64 too, except in a ``Z`` block made by the float32 product (None):
+    its rows *are* the float32 values, and their norms are those of the float32 values.
+    """
+
+    rows: Array | None  # (capacity, d) float64, or None (a Z block held in float32 only)
     norms: Array  # (capacity,) ||row||
     squares: Array  # (capacity,) ||row||^2
     used: int
-    rows32: NDArray[np.float32] | None = None  # (capacity, d), or None (G's blocks)
+    rows32: NDArray[np.float32]  # (capacity, d)
 
     @classmethod
-    def empty(cls, capacity: int, d: int, shadow: bool, used: int = 0) -> _Block:
-        rows32 = np.empty((capacity, d), dtype=np.float32) if shadow else None
-        return cls(np.empty((capacity, d)), np.empty(capacity), np.empty(capacity), used, rows32)
+    def empty(cls, capacity: int, d: int, used: int = 0, f64: bool = True) -> _Block:
+        rows = np.empty((capacity, d)) if f64 else None
+        rows32 = np.empty((capacity, d), dtype=np.float32)
+        return cls(rows, np.empty(capacity), np.empty(capacity), used, rows32)
 
     @classmethod
-    def of(cls, rows: Array, capacity: int, shadow: bool = False) -> _Block:
-        block = cls.empty(capacity, rows.shape[1], shadow)
+    def of(cls, rows: Array, capacity: int) -> _Block:
+        block = cls.empty(capacity, rows.shape[1])
         block.put(rows)
         return block
 
+    @property
+    def capacity(self) -> int:
+        return len(self.rows32)
+
+    def f64(self, stop: int) -> Array:
+        """Rows ``[0, stop)`` in float64 (a converted copy when held in float32 only)."""
+        if self.rows is not None:
+            return self.rows[:stop]
+        return self.rows32[:stop].astype(np.float64)
+
+    def taken(self, index: Any, capacity: int) -> _Block:
+        """A new block holding rows ``index`` (a slice or indices) of this one, as held."""
+        f64 = self.rows is not None
+        src = self.rows if self.rows is not None else self.rows32
+        part = src[index]
+        block = _Block.empty(capacity, self.rows32.shape[1], len(part), f64)
+        if block.rows is not None:
+            block.rows[: len(part)] = part
+        block.rows32[: len(part)] = self.rows32[index]
+        block.norms[: len(part)] = self.norms[index]
+        block.squares[: len(part)] = self.squares[index]
+        return block
+
     def put(self, rows: Array) -> None:
-        """Write ``rows`` after the used ones (capacity must allow it)."""
+        """Write ``rows`` after the used ones (capacity must allow it); a block held in
+        float32 only stores them rounded to float32 (``fits32`` must hold for them)."""
         start, stop = self.used, self.used + len(rows)
-        self.rows[start:stop] = rows
-        self.measure(start, stop)
+        if self.rows is not None:
+            self.rows[start:stop] = rows
+            self.measure(start, stop)
+        else:
+            self.rows32[start:stop] = rows
+            _measure32(self.rows32[start:stop], self.squares[start:stop], self.norms[start:stop])
         self.used = stop
 
     def measure(self, start: int, stop: int, squares: bool = True) -> None:
-        """The norms (and, with ``squares``, the squared norms) and float32 copies of rows
-        ``[start, stop)`` as written."""
+        """The norms (and, with ``squares``, the squared norms) and float32 copies of the
+        float64 rows ``[start, stop)`` as written."""
+        assert self.rows is not None
         part = self.rows[start:stop]
         if squares:
             np.einsum("ij,ij->i", part, part, out=self.squares[start:stop])
             np.sqrt(self.squares[start:stop], out=self.norms[start:stop])
-        if self.rows32 is not None:
-            with np.errstate(over="ignore"):  # a row past float32's range: never read (nearest)
-                self.rows32[start:stop] = part
+        with np.errstate(over="ignore"):  # a row past float32's range: never read (nearest)
+            self.rows32[start:stop] = part
 
     @classmethod
-    def product(cls, G: Array, M: Array, capacity: int) -> _Block:
-        """A ``Z`` block holding the rows of ``G @ M`` (into its own memory, no temporary)."""
-        n = len(G)
-        block = cls.empty(capacity, M.shape[1], True, n)
-        np.matmul(G, M, out=block.rows[:n])
-        block.measure(0, n)
+    def product(cls, G: _Block, n: int, L: Array, capacity: int, f32: bool) -> _Block:
+        """A ``Z`` block holding the rows of ``G L^T`` (into its own memory, no temporary):
+        in float32 from the float32 copies of both (``f32``, half the cost), or in float64."""
+        block = cls.empty(capacity, L.shape[0], n, f64=not f32)
+        if block.rows is None:
+            np.matmul(G.rows32[:n], L.T.astype(np.float32), out=block.rows32[:n])
+            _measure32(block.rows32[:n], block.squares[:n], block.norms[:n])
+        else:
+            np.matmul(G.f64(n), L.T, out=block.rows[:n])
+            block.measure(0, n)
         return block
 
 
 @dataclass(frozen=True)
 class TransformedGallery:
     """An immutable view of a gallery: normalised rows ``G`` (``[0, n)`` of ``_g``), their
-    images ``Z`` under ``L`` (``[0, n)`` of ``_z``), which rows are ``alive``, and ``err``:
-    ``||z_i - L g_i|| <= err ||g_i||`` for every row (see the module docstring)."""
+    images ``Z`` under ``L`` (``[0, n)`` of ``_z``), which rows are ``alive``, and ``err``,
+    ``err_abs``: ``||z_i - L g_i|| <= err ||g_i|| + err_abs`` for every row (see the module
+    docstring; ``err_abs`` bounds float32's underflow, zero for a view made in float64)."""
 
     _g: _Block
     _z: _Block
@@ -295,6 +362,7 @@ class TransformedGallery:
     alive: Bools
     L: Array
     err: float
+    err_abs: float = 0.0
 
     # -- making views ----------------------------------------------------------------------
 
@@ -304,7 +372,7 @@ class TransformedGallery:
         d = L.shape[0]
         L = _frozen(np.array(L, dtype=np.float64))
         block = _Block.of(np.empty((0, d)), _MIN_CAPACITY)
-        return cls(block, _Block.of(np.empty((0, d)), _MIN_CAPACITY, shadow=True), 0,
+        return cls(block, _Block.of(np.empty((0, d)), _MIN_CAPACITY), 0,
                    np.zeros(0, dtype=bool), L, 0.0)  # fmt: skip
 
     @property
@@ -319,12 +387,12 @@ class TransformedGallery:
     @property
     def G(self) -> Array:
         """The normalised rows (read-only view; dead rows included)."""
-        return _frozen(self._g.rows[: self.n])
+        return _frozen(self._g.f64(self.n))
 
     @property
     def Z(self) -> Array:
-        """Their images ``G L^T`` as held (read-only view; dead rows included)."""
-        return _frozen(self._z.rows[: self.n])
+        """Their images ``G L^T`` as held, in float64 (read-only; dead rows included)."""
+        return _frozen(self._z.f64(self.n))
 
     def with_rows(self, rows: Array) -> tuple[TransformedGallery, int]:
         """The view with ``rows`` (normalised, finite) appended, and the index of the first.
@@ -337,15 +405,23 @@ class TransformedGallery:
         with _one_blas_thread(m * self.dim**2):
             Z_new = rows @ self.L.T
         g, z = self._g, self._z
-        if g.used != n or z.used != n or len(g.rows) < n + m or len(z.rows) < n + m:
+        err = max(self.err, _full_err(self.L))  # new rows carry the rounding of one product
+        err_abs = self.err_abs
+        if z.rows is None:  # Z held in float32 only: the new images are rounded to float32,
+            if _fits32(float(np.linalg.norm(Z_new, axis=1).max(initial=0.0)), self.dim):
+                f32, f32_abs = _f32_product_err(self.L)  # which is within this bound
+                err, err_abs = max(err, f32), max(err_abs, f32_abs)
+            else:  # or, past float32's range, Z is held in float64 from here on
+                z = _Block.of(z.f64(n), max(_MIN_CAPACITY, 2 * (n + m)))
+        if g.used != n or z.used != n or g.capacity < n + m or z.capacity < n + m:
             capacity = max(_MIN_CAPACITY, 2 * (n + m))
-            g = _Block.of(g.rows[:n], capacity)
-            z = _Block.of(z.rows[:n], capacity, shadow=True)
+            g = g.taken(slice(0, n), capacity)
+            z = z.taken(slice(0, n), capacity)
         g.put(rows)
         z.put(Z_new)
         alive = np.concatenate([self.alive, np.ones(m, dtype=bool)])
-        err = max(self.err, _full_err(self.L))  # new rows carry the rounding of one product
-        return replace(self, _g=g, _z=z, n=n + m, alive=alive, err=err), n
+        view = replace(self, _g=g, _z=z, n=n + m, alive=alive, err=err, err_abs=err_abs)
+        return view, n
 
     def without(self, rows: Ints) -> TransformedGallery:
         """The view with ``rows`` dead (they stay in memory until :meth:`compacted`)."""
@@ -358,8 +434,8 @@ class TransformedGallery:
         ``i`` is old row ``kept[i]``)."""
         kept = np.flatnonzero(self.alive)
         capacity = max(_MIN_CAPACITY, 2 * len(kept))
-        g = _Block.of(self._g.rows[kept], capacity)
-        z = _Block.of(self._z.rows[kept], capacity, shadow=True)
+        g = self._g.taken(kept, capacity)
+        z = self._z.taken(kept, capacity)
         return replace(self, _g=g, _z=z, n=len(kept), alive=np.ones(len(kept), dtype=bool)), kept
 
     def refreshed(self, L: Array, rank: int | None) -> tuple[TransformedGallery, str]:
@@ -368,7 +444,7 @@ class TransformedGallery:
         bounds the rank of the change, None: unknown). Runs the products on one BLAS thread."""
         L = _frozen(np.array(L, dtype=np.float64))
         if self.n == 0:  # no row to transform: no product, no rounding (err is vacuous)
-            return replace(self, L=L, err=0.0), "full"
+            return replace(self, L=L, err=0.0, err_abs=0.0), "full"
         if np.array_equal(L, self.L):
             return replace(self, L=L), "unchanged"
         n, d = self.n, self.dim
@@ -379,9 +455,11 @@ class TransformedGallery:
                 view = self._incremental(L, rank)
                 if view is not None:
                     return view, method
-            G = self._g.rows[:n]
-            z = _Block.product(G, L.T, max(_MIN_CAPACITY, len(self._g.rows)))
-        return replace(self, _z=z, L=L, err=_full_err(L)), "full"
+            l_norm = float(np.linalg.norm(L))
+            f32 = _fits32(self._scales[1] * l_norm, d) and _fits32(max(self._scales[1], l_norm), d)
+            z = _Block.product(self._g, n, L, max(_MIN_CAPACITY, self._g.capacity), f32)
+        err, err_abs = _f32_product_err(L) if f32 else (_full_err(L), 0.0)
+        return replace(self, _z=z, L=L, err=err, err_abs=err_abs), "full"
 
     def _incremental(self, L: Array, rank: int) -> TransformedGallery | None:
         """``Z + (G B^T) Q^T`` with ``L - self.L ~ Q B``; None when the bound would grow past
@@ -398,14 +476,16 @@ class TransformedGallery:
             l_norm + self.err
         )
         err = self.err + residual + SAFETY * rounding
-        if err > MAX_RELATIVE_ERR * l_norm:
+        if err > max_relative_err(d) * l_norm:
             return None
-        capacity = max(_MIN_CAPACITY, len(self._z.rows))
-        z = _Block.empty(capacity, d, True, n)
-        _low_rank_update(self._g.rows[:n], self._z.rows[:n], B, np.ascontiguousarray(Q.T),
+        err_abs = self.err_abs * (1.0 + SAFETY * _gamma(r + 1))  # |z| <= ... ||g|| + err_abs
+        base = self._z.rows if self._z.rows is not None else self._z.rows32
+        z = _Block.empty(self._z.capacity, d, n)
+        assert z.rows is not None
+        _low_rank_update(self._g.f64(n), base[:n], B, np.ascontiguousarray(Q.T),
                          z.rows[:n], z.squares[:n], z.norms[:n])  # fmt: skip
         z.measure(0, n, squares=False)  # the float32 copies
-        return replace(self, _z=z, L=L, err=err)
+        return replace(self, _z=z, L=L, err=err, err_abs=err_abs)
 
     # -- searching -------------------------------------------------------------------------
 
@@ -442,7 +522,7 @@ class TransformedGallery:
         # a d-term dot product per entry; the square sum adds its share relative to the value).
         brute = SAFETY * 2.0 * _gamma(d + 1) * l_norm
         # ||z_i - L g_i|| <= err ||g_i||, and the query's image rounds like one row of G L^T.
-        row_slack = (self.err + brute) * g_max
+        row_slack = (self.err + brute) * g_max + self.err_abs
         query_slack = SAFETY * _gamma(d) * l_norm + brute
         grow = 1.0 + 2.0 * SAFETY * _gamma(d + 3)  # computed norms vs exact ones
         out: list[tuple[Ints, Array]] = []
@@ -450,6 +530,7 @@ class TransformedGallery:
         # The bound stage's product in float32 while the scale allows (half the memory traffic
         # of float64 over Z, which dominates a query), its rounding bounded and added to delta.
         z32 = self._z.rows32 if z_max * grow < F32_SAFE else None
+        G = self._g.f64(n)
         with np.errstate(over="ignore", invalid="ignore"), _blas().limit(limits=1, user_api="blas"):
             ZQ = Q @ L.T
             for start in range(0, len(Q), step):
@@ -462,7 +543,7 @@ class TransformedGallery:
                     e = (z32[:n] @ zq.astype(np.float32).T).astype(np.float64)
                     dot_err = 2.0 * _f32_dot_error(d, z_max * grow, zq_norms * grow)
                 else:
-                    e = self._z.rows[:n] @ zq.T
+                    e = self._z.f64(n) @ zq.T
                     dot_err = 0.0
                 e *= -2.0
                 e += self._z.squares[:n, None]
@@ -480,7 +561,7 @@ class TransformedGallery:
                         rows = np.flatnonzero(e[:, j] <= limit)
                     else:  # an overflow: the exact stage decides over every alive row
                         rows = np.flatnonzero(self.alive)
-                    out.append((rows, brute_force(self._g.rows, rows, block[j], L)))
+                    out.append((rows, brute_force(G, rows, block[j], L)))
         return out
 
 
@@ -507,6 +588,37 @@ def difference_factors(L_old: Array, L_new: Array, rank: int) -> tuple[Array, Ar
     # the subtraction L_new - L_old (u relative) and the product Q B (r terms) round too
     noise = U * float(np.linalg.norm(delta)) + _gamma(r) * math.sqrt(r) * float(np.linalg.norm(B))
     return Q, B, residual + SAFETY * noise
+
+
+def _fits32(scale: float, d: int) -> bool:
+    """Whether values of size up to ``scale`` (a product's bound, as computed) are safe to
+    take in float32 (below :data:`F32_SAFE`, the rounding of the bound included)."""
+    return scale * (1.0 + 2.0 * SAFETY * _gamma(d + 3)) < F32_SAFE
+
+
+def _f32_product_err(L: Array) -> tuple[float, float]:
+    """``(err, err_abs)`` right after ``Z = fl32(fl32(G) fl32(L)^T)`` (rows and ``L`` within
+    :func:`_fits32`): each entry ``z_ij = L_j . g_i`` errs by at most
+    :func:`_f32_dot_error` ``(d, ||L_j||, ||g_i||)``; the norm over ``j`` of those bounds
+    (triangle inequality; ``sum_j ||L_j||^2 = ||L||_F^2``) is at most
+    ``rel ||L||_F ||g_i|| + ETA32 (2 d ||g_i|| + 2 sqrt(d) ||L||_F + 3 d^1.5)``.
+
+    It also covers a float64 image rounded to float32 afterwards (``U32 |z| + ETA32`` per
+    entry on top of ``gamma_d ||L||_F``), what an enrol into a float32 view stores.
+    """
+    d = L.shape[0]
+    l_norm = float(np.linalg.norm(L))
+    err = SAFETY * (_f32_relative(d) * l_norm + 2.0 * d * ETA32)
+    err_abs = SAFETY * ETA32 * (2.0 * math.sqrt(d) * l_norm + 3.0 * d**1.5)
+    return err, err_abs
+
+
+def max_relative_err(d: int) -> float:
+    """Past ``err = max_relative_err(d) ||L||_F`` an incremental refresh is refused (a full
+    one follows): twice the float32 product's own bound, so increments may follow a float32
+    refresh, and a factorisation that missed part of the change (its measured residual in
+    ``err``) is never carried."""
+    return 2.0 * SAFETY * _f32_relative(d)
 
 
 def _full_err(L: Array) -> float:

@@ -18,13 +18,24 @@ views and matches, and knows no HTTP.
 * **The refresher** (one task per model) waits for a new snapshot and brings the view up to it
   in a worker thread (full or incremental, :func:`~service.core.gallery.refresh_method`), one
   refresh at a time: snapshots published during a refresh are taken together by the next one,
-  never blocking the event loop. It takes at most a quarter of one core: a refresh that took
-  ``t`` is followed by a pause of ``3 t``, so under a fast stream the view follows the learner
-  a few refreshes behind (10,000 x 128 at 20,000 samples/s: a full refresh of ~14 ms every
-  ~56 ms) rather than taking the cores that queries and ingestion need; half of one core made
-  the identify p99 of ``benchmarks/identify.py`` during that ingestion 6.3-6.6 ms, a quarter
-  4.7 ms (ad hoc runs of its 10,000 x 128 phase). ``min_version`` waits until the view is
-  transformed to at least that version; such a wait cuts the pause short.
+  never blocking the event loop. It is background work, kept from the cores that queries
+  and ingestion need in two ways:
+
+  - *at most an eighth of one core*: a refresh that took ``t`` is followed by a pause of
+    ``7 t``, so under a fast stream the view follows the learner a few refreshes behind
+    (10,000 x 128 at 20,000 samples/s: a full refresh, in float32, of ~7 ms every ~50 ms);
+  - *at the lowest priority*: the refresh thread runs at nice 19 (Linux; each thread has its
+    own nice value), so whenever the event loop, the learner or a client needs the core, the
+    kernel's scheduler gives it to them first. On a machine saturated for long, refreshes
+    then slow down (the view lags) rather than the answers; a refresh that a ``min_version``
+    read waits for runs at the normal priority.
+
+  Ad hoc runs of the 10,000 x 128 phase of ``benchmarks/identify.py`` (identify p99 during
+  that ingestion, the target is 5 ms): a float64 refresh with half a core 6.3-6.6 ms, with a
+  quarter 5.2-5.9 ms, with an eighth 4.8-5.0 ms; with no refresh at all 3.4-3.6 ms (the floor
+  the ingestion sets); the float32 refresh with an eighth 4.4-5.5 ms at normal priority,
+  4.1-4.6 ms at nice 19. ``min_version`` waits until the view is transformed to at least that
+  version; such a wait cuts the pause short.
 * **One change at a time.** Enrols, deletes and refreshes hold one lock (an enrol may wait for
   a refresh in flight); a write to Redis and its application in memory are shielded from
   cancellation, so a client that goes away never leaves memory behind Redis. Queries take no
@@ -48,6 +59,9 @@ import bisect
 import hashlib
 import logging
 import math
+import os
+import sys
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
@@ -72,9 +86,29 @@ log = logging.getLogger("service.gallery")
 
 T = TypeVar("T")
 
-#: Refreshes and large enrols/reloads of every model, one at a time (a refresh runs one BLAS
+#: The niceness of the refresh thread: the lowest priority (see the module docstring).
+REFRESH_NICENESS = 19
+
+
+def _lowest_priority() -> None:
+    """Run the calling thread at :data:`REFRESH_NICENESS` (Linux gives each thread its own
+    nice value; elsewhere, or where the system refuses, it keeps the process's)."""
+    if sys.platform != "linux":
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), REFRESH_NICENESS)
+    except OSError:  # pragma: no cover - a lower priority is always allowed on Linux
+        log.warning("the gallery refresh thread keeps the normal priority")
+
+
+#: Refreshes of every model, one at a time, at the lowest priority (a refresh runs one BLAS
 #: thread; the other core is the learner's and the event loop's).
-_REFRESH_THREADS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opml-gallery-refresh")
+_REFRESH_THREADS = ThreadPoolExecutor(
+    max_workers=1, thread_name_prefix="opml-gallery-refresh", initializer=_lowest_priority
+)
+#: Large enrols, compactions and reloads of every model, one at a time (an enrol's answer
+#: waits for them, so they run at the normal priority).
+_CHANGE_THREADS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opml-gallery-change")
 #: Searches of large galleries (so the event loop keeps answering meanwhile).
 _SEARCH_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-identify")
 #: Work (multiply-adds) from which a change runs in a worker thread rather than inline.
@@ -84,7 +118,7 @@ _THREAD_WORK = 1 << 16
 #: busy machine (two context switches, each waiting for a core).
 _INLINE_SEARCH = 1 << 21
 #: Most of its (wall) time the refresher spends refreshing (see ``_refresh_loop``).
-_REFRESH_SHARE = 0.25
+_REFRESH_SHARE = 0.125
 #: Dead rows (deleted or replaced items) are dropped once they are this share of the rows.
 _DEAD_SHARE = 0.25
 
@@ -295,9 +329,7 @@ class Gallery:
         view = self.view
         Xn = normalize_rows(X, self.config.normalize)
         work = len(X) * self.config.dim**2
-        rows, first = await self._run(
-            _REFRESH_THREADS, work < _THREAD_WORK, view.rows.with_rows, Xn
-        )
+        rows, first = await self._run(_CHANGE_THREADS, work < _THREAD_WORK, view.rows.with_rows, Xn)
         replaced = [self._index[k] for k in keys if k in self._index]
         if replaced:
             rows = rows.without(np.array(replaced, dtype=np.int64))
@@ -338,7 +370,7 @@ class Gallery:
         rows = view.rows
         if rows.n - rows.size > max(_DEAD_SHARE * rows.n, 64):
             inline = rows.n * self.config.dim < _THREAD_WORK
-            rows, kept = await self._run(_REFRESH_THREADS, inline, rows.compacted)
+            rows, kept = await self._run(_CHANGE_THREADS, inline, rows.compacted)
             items = [view.items[i] for i in kept.tolist()]
             self._index = {item.key: row for row, item in enumerate(items)}
             view = GalleryView(rows, items, view.snapshot)
@@ -362,7 +394,7 @@ class Gallery:
         empty = TransformedGallery.empty(snap.L)
         Xn = normalize_rows(X, self.config.normalize)
         work = len(X) * d * d
-        rows, _ = await self._run(_REFRESH_THREADS, work < _THREAD_WORK, empty.with_rows, Xn)
+        rows, _ = await self._run(_CHANGE_THREADS, work < _THREAD_WORK, empty.with_rows, Xn)
         self._index = {item.key: row for row, item in enumerate(items)}
         self._sorted = None
         self._changes = changes
@@ -406,8 +438,10 @@ class Gallery:
         d = self.config.dim
         started = time.perf_counter()
         work = view.rows.n * d * d
+        # A refresh that a min_version read waits for is foreground work: normal priority.
+        threads = _CHANGE_THREADS if self._readers_waiting else _REFRESH_THREADS
         rows, method = await self._run(
-            _REFRESH_THREADS, work < _THREAD_WORK, view.rows.refreshed, snap.L, rank
+            threads, work < _THREAD_WORK, view.rows.refreshed, snap.L, rank
         )
         took = time.perf_counter() - started
         if method != "unchanged" and rows.n:

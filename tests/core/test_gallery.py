@@ -8,10 +8,10 @@ import pytest
 
 from service.core import Learner, LearnerConfig
 from service.core.gallery import (
-    MAX_RELATIVE_ERR,
     TransformedGallery,
     brute_force,
     difference_factors,
+    max_relative_err,
     refresh_method,
 )
 
@@ -30,6 +30,14 @@ def ranked(rows: np.ndarray, values: np.ndarray, k: int) -> list[int]:
     return [int(r) for _, r in sorted(zip(values.tolist(), rows.tolist(), strict=True))[:k]]
 
 
+def assert_within_bound(view: TransformedGallery, G: np.ndarray, L: np.ndarray) -> None:
+    """``||z_i - L g_i|| <= err ||g_i|| + err_abs`` for every row, ``L g_i`` in extended
+    precision (the bound the search relies on)."""
+    exact = (G.astype(np.longdouble) @ L.T.astype(np.longdouble)).astype(np.float64)
+    error = np.linalg.norm(view.Z - exact, axis=1)
+    assert np.all(error <= view.err * np.linalg.norm(G, axis=1) + view.err_abs)
+
+
 def learner_steps(d: int, steps: int, seed: int) -> Learner:
     """A learner that has made ``steps`` triplet steps (each a rank-two change of L)."""
     rng = np.random.default_rng(seed)
@@ -41,7 +49,7 @@ def learner_steps(d: int, steps: int, seed: int) -> Learner:
 
 
 def test_incremental_refresh_equals_a_full_recompute() -> None:
-    d, n = 64, 500
+    d, n = 128, 500
     rng = np.random.default_rng(0)
     G = rng.normal(size=(n, d))
     learner = learner_steps(d, 0, seed=1)
@@ -57,8 +65,7 @@ def test_incremental_refresh_equals_a_full_recompute() -> None:
         view, method = view.refreshed(learner.L, rank)
         incremental += method == "incremental"
         exact = G @ learner.L.T
-        error = np.linalg.norm(view.Z - exact, axis=1) / np.linalg.norm(G, axis=1)
-        assert error.max() <= view.err  # the bound the search relies on holds
+        assert_within_bound(view, G, learner.L)
         np.testing.assert_allclose(view.Z, exact, rtol=0, atol=1e-12 * np.abs(exact).max())
     assert incremental >= 6  # most single steps changed L, each by rank two
 
@@ -74,8 +81,48 @@ def test_a_false_rank_bound_cannot_corrupt_the_view() -> None:
     view, _ = TransformedGallery.empty(L0).with_rows(G)
     refreshed, method = view.refreshed(L1, rank=0)
     assert method == "full"
-    np.testing.assert_allclose(refreshed.Z, G @ L1.T, rtol=1e-13, atol=1e-13)
-    assert refreshed.err < MAX_RELATIVE_ERR
+    assert_within_bound(refreshed, G, L1)
+    assert refreshed.err < max_relative_err(d) * np.linalg.norm(L1)
+
+
+def test_a_full_refresh_is_a_float32_product_within_its_bound() -> None:
+    """A full refresh holds ``Z`` as the float32 product (half the cost); its bound holds,
+    incremental refreshes may follow it, an enrol rounds its images to float32, and an enrol
+    past float32's range turns ``Z`` to float64; every answer stays the brute force's."""
+    d, n = 128, 400
+    rng = np.random.default_rng(9)
+    G = rng.normal(size=(n, d))
+    L0 = np.eye(d) + 0.1 * rng.normal(size=(d, d))
+    view, _ = TransformedGallery.empty(np.eye(d)).with_rows(G)
+    assert view.err_abs == 0.0  # made in float64
+    view, method = view.refreshed(L0, rank=None)
+    assert method == "full" and view.err_abs > 0.0
+    np.testing.assert_array_equal(view.Z, view.Z.astype(np.float32))  # float32 values
+    assert 1e-8 * np.linalg.norm(L0) < view.err < max_relative_err(d) * np.linalg.norm(L0)
+    assert_within_bound(view, G, L0)
+    L1 = L0 + np.outer(rng.normal(size=d), rng.normal(size=d)) * 0.01  # rank one
+    view, method = view.refreshed(L1, rank=1)
+    assert method == "incremental"
+    assert_within_bound(view, G, L1)
+    view, _ = view.refreshed(L0, rank=None)  # float32 again
+    extra = rng.normal(size=(30, d))
+    view, start = view.with_rows(extra)
+    assert start == n
+    G = np.vstack([G, extra])
+    np.testing.assert_array_equal(view.Z, view.Z.astype(np.float32))
+    assert_within_bound(view, G, L0)
+    huge = 1e30 * rng.normal(size=(1, d))  # its image is past float32's range
+    wide, _ = view.with_rows(huge)
+    assert wide.err == view.err and not np.array_equal(wide.Z[-1], wide.Z[-1].astype(np.float32))
+    np.testing.assert_array_equal(wide.Z[: len(G)], view.Z)  # the float32 rows, converted
+    alive = np.ones(len(G), dtype=bool)
+    for q in rng.normal(size=(10, d)):
+        ((rows, values),) = view.nearest(q[None, :], 5)
+        want, sq = brute_top_k(G, alive, q, L0, 5)
+        assert ranked(rows, values, 5) == want
+        np.testing.assert_allclose(values, sq[rows], rtol=1e-12)
+    ((rows, values),) = wide.nearest(G[:1], 2)
+    assert ranked(rows, values, 2)[0] == 0
 
 
 def test_difference_factors_bound_their_residual() -> None:
@@ -93,9 +140,10 @@ def test_difference_factors_bound_their_residual() -> None:
 
 
 def test_policy() -> None:
-    assert refresh_method(2, 10_000, 128) == "incremental"
-    assert refresh_method(14, 10_000, 128) == "incremental"  # 8 (14 + 2) = 128
-    assert refresh_method(15, 10_000, 128) == "full"
+    assert refresh_method(2, 10_000, 128) == "incremental"  # 32 (2 + 2) = 128
+    assert refresh_method(3, 10_000, 128) == "full"
+    assert refresh_method(14, 10_000, 512) == "incremental"  # 32 (14 + 2) = 512
+    assert refresh_method(15, 10_000, 512) == "full"
     assert refresh_method(None, 10_000, 128) == "full"  # unknown change (PUT metric)
     assert refresh_method(2, 128, 128) == "full"  # n <= d: the full product is as cheap
 

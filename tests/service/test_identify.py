@@ -153,18 +153,27 @@ def refreshes(api: httpx.Client, name: str) -> dict[str, float]:
     return {dict(labels)["method"]: value for labels, value in counts.items()}
 
 
-def test_answers_during_ingestion_are_exact_for_their_version(api: httpx.Client, name: str) -> None:
+def test_answers_during_ingestion_are_exact_for_their_version(
+    tmp_path: Path, own_redis: RedisServer, launch: Launch
+) -> None:
     """Samples stream in (one per request, then batches) while identify runs: every answer is
     the brute force under the L of the version it names, rebuilt by the core learner from the
-    same samples. Single steps are refreshed incrementally, batches fully: both are seen."""
-    d, n_single, n_batched = 64, 150, 400
+    same samples. Single steps are refreshed incrementally, batches fully: both are seen (at
+    d = 128, past the shared service's OPML_MAX_DIM: one triplet step is incremental there)."""
+    env = {**SHARED_ENV, "OPML_MAX_DIM": "128"}
+    with launch(tmp_path / "svc", own_redis.url, **env).start().client() as api:
+        check_answers_during_ingestion(api, "during")
+
+
+def check_answers_during_ingestion(api: httpx.Client, name: str) -> None:
+    d, n_single, n_batched = 128, 150, 400
     config: dict[str, Any] = {"gamma": 0.05, "seed": 11, "normalize": "l2"}
     rng = np.random.default_rng(12)
     X = rng.normal(size=(n_single + n_batched, d))  # no class structure: most steps update L
     y = [f"c{k}" for k in rng.integers(6, size=len(X))]
     make_model(api, name, d, **config)
     ids, G = gallery_of(150, d, seed=13)
-    for part in (slice(0, 75), slice(75, 150)):  # two requests: the body limit is 200 kB here
+    for part in (slice(i, i + 38) for i in range(0, 150, 38)):  # the body limit: 200 kB
         assert enrol(api, name, ids[part], G[part]).status_code == 200
     Q = np.vstack([X[rng.integers(len(X), size=3)] + 0.1, G[[2]]])
     done = threading.Event()
@@ -176,6 +185,12 @@ def test_answers_during_ingestion_are_exact_for_their_version(api: httpx.Client,
                 for i in range(n_single):
                     body = {"x": X[i].tolist(), "y": y[i]}
                     assert feeder.post(f"/v1/models/{name}/samples", json=body).is_success
+                    # one version per refresh (a min_version read cuts the refresher's pause
+                    # short): each is the single step's rank-two change, refreshed incrementally
+                    query = {"x": G[0].tolist()}
+                    response = feeder.post(f"/v1/models/{name}/identify",
+                                           params={"min_version": i + 1}, json=query)  # fmt: skip
+                    assert response.status_code == 200, response.text
                 for i in range(n_single, n_single + n_batched, 40):
                     samples = [{"x": X[j].tolist(), "y": y[j]} for j in range(i, i + 40)]
                     response = feeder.post(f"/v1/models/{name}/samples", json={"samples": samples})

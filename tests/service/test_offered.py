@@ -29,16 +29,17 @@ def run_with_runtime(
     redis_url: str,
     body: Callable[[ModelRuntime], Awaitable[Any]],
     settings: Settings | None = None,
+    config: LearnerConfig = CONFIG,
 ) -> Any:
-    """``body(runtime)`` on a fresh model learned by this (test) process."""
+    """``body(runtime)`` on a fresh model (``config``) learned by this (test) process."""
 
     async def run() -> Any:
         client = redis_connect(redis_url, 5.0)
         store = Store(client)
         name = f"offered-{time.time_ns()}"
         created = time.time()
-        assert await store.create_model(name, asdict(CONFIG), created)
-        runtime = ModelRuntime(name, CONFIG, created, store, settings or Settings(), f"test:{name}")
+        assert await store.create_model(name, asdict(config), created)
+        runtime = ModelRuntime(name, config, created, store, settings or Settings(), f"test:{name}")
         try:
             assert await runtime.claim()
             runtime.activate()
