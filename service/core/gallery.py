@@ -463,7 +463,7 @@ class TransformedGallery:
 
     def _incremental(self, L: Array, rank: int) -> TransformedGallery | None:
         """``Z + (G B^T) Q^T`` with ``L - self.L ~ Q B``; None when the bound would grow past
-        :data:`MAX_RELATIVE_ERR` (then a full refresh)."""
+        :func:`max_relative_err` (then a full refresh)."""
         n, d = self.n, self.dim
         Q, B, residual = difference_factors(self.L, L, rank)
         r = Q.shape[1]
