@@ -57,7 +57,8 @@ The rows returned hold every row whose brute-force value is at most the k-th sma
 by id.
 
 The bound stage's one pass over ``Z`` (the matrix-vector product, bound by memory traffic)
-reads a float32 copy of ``Z`` kept beside it, half the bytes: the products ``z_i . L q`` are
+reads ``Z`` in float32, half the bytes (the values themselves after a full refresh, else a
+float32 copy kept beside the float64 values): the products ``z_i . L q`` are
 taken in float32 and their rounding (operands rounded to float32, a d-term float32 dot
 product, underflow included: :func:`_f32_dot_error`) is added to ``delta``. That widens the
 window to ~1e-5 of the squared distances at d = 128 (from ~1e-13): the second stage still
