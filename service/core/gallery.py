@@ -303,15 +303,14 @@ class _Block:
 
     def taken(self, index: Any, capacity: int) -> _Block:
         """A new block holding rows ``index`` (a slice or indices) of this one, as held."""
-        f64 = self.rows is not None
-        src = self.rows if self.rows is not None else self.rows32
-        part = src[index]
-        block = _Block.empty(capacity, self.rows32.shape[1], len(part), f64)
-        if block.rows is not None:
-            block.rows[: len(part)] = part
-        block.rows32[: len(part)] = self.rows32[index]
-        block.norms[: len(part)] = self.norms[index]
-        block.squares[: len(part)] = self.squares[index]
+        norms = self.norms[index]
+        m = len(norms)
+        block = _Block.empty(capacity, self.rows32.shape[1], m, f64=self.rows is not None)
+        if self.rows is not None and block.rows is not None:
+            block.rows[:m] = self.rows[index]
+        block.rows32[:m] = self.rows32[index]
+        block.norms[:m] = norms
+        block.squares[:m] = self.squares[index]
         return block
 
     def put(self, rows: Array) -> None:
