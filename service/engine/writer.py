@@ -173,6 +173,8 @@ class Writer:
         self.caught_up = asyncio.Event()
         self.samples_per_batch = samples_per_batch(sample_work(config), settings.batch_max)
         self._kick = asyncio.Event()
+        #: Whether the task waits out a hold of offered appends (:meth:`_hold`).
+        self._holding = False
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
         self._since_checkpoint = 0  # samples applied since the last checkpoint
@@ -236,8 +238,13 @@ class Writer:
             await self._write_checkpoint()
 
     def notify_logged(self, last_seq: int) -> None:
-        """Samples up to ``last_seq`` are in the log: wake the task."""
+        """Samples up to ``last_seq`` are in the log: wake the task, unless it holds offered
+        appends back (:meth:`_hold`) and all that is logged beyond the applied state is still
+        short of a batch: the hold would go on to the same end (one sample per request: one
+        wake per batch instead of one per sample). An urgent waiter wakes it regardless."""
         self.logged_seq = max(self.logged_seq, last_seq)
+        if self._holding and self.logged_seq - self.board.current.version < self._coalesce():
+            return
         self._kick.set()
 
     def offer(self, appended: Appended, group: Group, decoded: Decoded | None = None) -> None:
@@ -265,6 +272,10 @@ class Writer:
             version = entry[0][0]
         return entries, decoded
 
+    def _coalesce(self) -> int:
+        """How many offered samples make a batch that is not held back."""
+        return min(COALESCE_SAMPLES, self.samples_per_batch)
+
     def _hold(self, now: float) -> float:
         """How long to hold the offered entries that follow the applied state back (the
         caller saw one), to learn them with the next ones (0: learn them now; see the module
@@ -273,7 +284,7 @@ class Writer:
             return 0.0
         version = self.board.current.version
         first = self._offered[version + 1]
-        enough = min(COALESCE_SAMPLES, self.samples_per_batch)
+        enough = self._coalesce()
         while (offered := self._offered.get(version + 1)) is not None:
             last = offered[1][0][0]
             enough -= last - version
@@ -411,6 +422,7 @@ class Writer:
         its end, the poll interval when it had nothing; or how long offered appends are held
         back (:meth:`_hold`) when it applied nothing for that reason."""
         read_at = time.monotonic()
+        self._holding = False
         # Cleared before the read: an append that lands during the read sets it again, so the
         # wait in the loop cannot sleep through it.
         self._kick.clear()
@@ -420,7 +432,8 @@ class Writer:
         decoded: list[Decoded | None] = []
         if self._may_apply_offered() and self.board.current.version + 1 in self._offered:
             hold = self._hold(read_at)
-            if hold > 0.0:  # woken by the next offer, an urgent waiter, or the delay's end
+            if hold > 0.0:  # woken by a batch's worth, an urgent waiter, or the delay's end
+                self._holding = True
                 return hold
             self._chores(read_at)  # beside this batch: the read checks its first entry
             offered, decoded = self._next_offered(count)

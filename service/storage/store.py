@@ -79,6 +79,7 @@ from service.storage.keys import (
     appended_channel,
     name_of_meta,
 )
+from service.storage.lane import Lane
 
 log = logging.getLogger("service.store")
 
@@ -622,6 +623,10 @@ class Store:
         #: (url, timeout) while :meth:`open` has not yet asked the server whether it is a cluster.
         self._pending: tuple[str, float] | None = None
         self._opening = asyncio.Lock()
+        #: The connection the appends of samples and metrics go through (None: through
+        #: redis-py; see service.storage.lane). Not with replicas awaited: WAIT goes on the
+        #: connection of the write it waits for, which redis-py's pipeline keeps together.
+        self._lane = Lane.of(client) if isinstance(client, Redis) and not wait_replicas else None
         self._register_scripts()
 
     @classmethod
@@ -675,12 +680,17 @@ class Store:
                     await cluster.aclose()
                     raise
                 standalone, self.client = self.client, cluster
+                if self._lane is not None:
+                    await self._lane.aclose()
+                    self._lane = None
                 self._register_scripts()
                 await standalone.aclose()
                 log.info("Redis Cluster: %d master(s)", len(cluster.get_primaries()))
             self._pending = None
 
     async def aclose(self) -> None:
+        if self._lane is not None:
+            await self._lane.aclose()
         await self.client.aclose()
 
     async def ping(self) -> None:
@@ -772,6 +782,8 @@ class Store:
         connection (WAIT counts the replicas that have that connection's latest write; on a
         cluster both go to the master of the keys' slot). :class:`NotReplicated` if fewer."""
         if not self.wait_replicas:
+            if self._lane is not None:
+                return await self._lane.script(script, keys, args)
             return await script(keys=keys, args=args)
         client = self.client
         for _ in range(3):
