@@ -244,14 +244,23 @@ def measure(plan: Plan, roots: dict[str, Path]) -> dict[str, Any]:
             print(f"{label}: {root} on {process.url}", flush=True)
         fsync = fsync_latency(services[0].process.data_dir)
         runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in services}
+        cores: list[float] = []
         for k in range(plan.rounds):
             for service in services:
                 result = measure_round(service, plan)
                 runs[service.label].append(result)
                 print(f"round {k + 1} {service.label}: {json.dumps(result)}", flush=True)
+            # in every round, beside the services' runs: it moves with the machine's state too
+            cores.append(core_throughput(model, BEST_FRAME, 200_000))
+            print(f"round {k + 1} core learn_many: {cores[-1]:,.0f} samples/s", flush=True)
         profiles = {s.label: profile(s, plan, tmp) for s in services} if plan.profile else {}
-        core = core_throughput(model, BEST_FRAME, 200_000)
-    return {"runs": runs, "fsync": fsync, "core_samples_per_s": core, "profiles": profiles}
+    return {
+        "runs": runs,
+        "fsync": fsync,
+        "core_samples_per_s": float(np.median(cores)),
+        "core_rounds": cores,
+        "profiles": profiles,
+    }
 
 
 # -- report -------------------------------------------------------------------------------------
@@ -339,8 +348,10 @@ def report(data: dict[str, Any], quick: bool) -> str:
         )
     core = data["core_samples_per_s"]
     share = {lbl: (t.get("ws_best.samples_per_s") or 0) / core for lbl, t in data["table"].items()}
+    rounds = data.get("core_rounds") or [core]
     lines.append(
-        f"| best frames / core `learn_many` ({core:,.0f} samples/s, same stream) | "
+        f"| best frames / core `learn_many` ({core:,.0f} samples/s, same stream; median of "
+        f"{', '.join(f'{c:,.0f}' for c in rounds)}, one per round) | "
         f"{share.get('before', float('nan')):.2f} | {share['after']:.2f} | - | "
         f"{verdict(share['after'], 0.5, True)} |"
     )

@@ -60,6 +60,8 @@ _ROUTES = {
     )
 }
 _COUNTERS = {what: telemetry.LEAN_REQUESTS.labels(route.path) for what, route in _ROUTES.items()}
+#: What an empty query string parses to (most requests have none: not parsed again each time).
+_NO_QUERY = QueryParams(b"")
 
 
 class LeanPath:
@@ -97,7 +99,8 @@ class LeanPath:
             return await ops.livez()
         models: Registry = scope["app"].state.models
         headers = Headers(scope=scope)
-        query = QueryParams(scope["query_string"])
+        raw_query = scope["query_string"]
+        query = QueryParams(raw_query) if raw_query else _NO_QUERY
         try:
             body = await _read_body(receive)
             content_type = headers.get("content-type")

@@ -373,7 +373,10 @@ class ModelRuntime:
         are applied."""
         token = self.results.want(self.snapshot.version) if wait else None  # needs the learner
         try:
-            appended = await (await self.submit_when_room(X, keys, holdout, idempotency_field))
+            logged = self.submit(X, keys, holdout, idempotency_field)  # room now: no suspension
+            if logged is None:
+                logged = await self.submit_when_room(X, keys, holdout, idempotency_field)
+            appended = await logged
             n = appended.last_seq - appended.first_seq + 1
             if token is None:
                 return IngestResult(n, appended.first_seq, appended.last_seq, appended.replayed)

@@ -2,7 +2,8 @@
 call, hence one AOF write and one fsync, instead of paying one each.
 
 While an append script is in flight, new groups (a REST request's or a WS frame's samples) wait
-in a queue; when it returns, everything queued goes in the next call, in arrival order. Each
+in a queue; when it returns, everything queued goes in the next call, in arrival order (after
+the tasks already woken have run, so that frames received meanwhile join it). Each
 group keeps its own seqs, its own idempotency record and its own outcome (a group over the
 class limit is refused alone; a replay answers from its own record), exactly as if it had been
 appended by itself at that point of the order. A caller that gave up before its group was sent
@@ -112,6 +113,12 @@ class GroupCommit:
                 done, batch = batch, []
                 for append, outcome in zip(done, outcomes, strict=True):
                     _settle(append, outcome)
+                if self._pending:
+                    # Let the tasks already woken run first: readers that this event-loop pass
+                    # handed frames submit theirs, which then go in the next call instead of
+                    # waiting a whole round trip for the one after (one sample per WS frame,
+                    # 4 connections: 17k -> 20k samples/s, benchmarks/naive_client.py).
+                    await asyncio.sleep(0)
         finally:
             self._flusher = None
             # Cancelled (shutdown) with appends unsettled: their callers must not wait forever.
