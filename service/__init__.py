@@ -13,7 +13,8 @@ both this list and that no import cycle exists anywhere in ``service/``):
 * ``telemetry.py`` -- the Prometheus event metrics and each model's bound series. Imports
   ``core``.
 * ``storage/`` -- Redis: key names, byte layouts, the Lua scripts, the group-commit queue, the
-  checkpoint record, the embedded server. Imports ``core``.
+  append lane (one pipelined connection for the appends), the checkpoint record, the embedded
+  server. Imports ``core``.
 * ``engine/`` -- the runtime engine: registry, one model's runtime, writer, snapshots, status,
   lease, admission, ``?wait=true`` results. Imports ``core``, ``storage``, ``errors``,
   ``config``, ``telemetry``.
@@ -32,7 +33,8 @@ The durability path of a sample, with the file that does each step:
 2. **admission** -- ``engine/admission.py`` holds the append back while the learner is more
    than ``OPML_MAX_UNAPPLIED`` samples behind (backpressure, in arrival order);
 3. **group commit** -- ``storage/group_commit.py`` gathers the appends that arrive together;
-4. **Lua append** -- ``storage/store.py`` (``_APPEND``): one script assigns the seqs, records
+4. **Lua append** -- ``storage/store.py`` (``_APPEND``, sent on the append lane of
+   ``storage/lane.py`` on a single server): one script assigns the seqs, records
    the idempotency answer and ``XADD``\\ s one entry per request/frame, atomically; the ack is
    sent only after it returned (with ``OPML_REDIS_WAIT_REPLICAS`` = n, and after ``WAIT n``
    confirmed n replicas have it);
