@@ -123,8 +123,8 @@ SKIP_READ_S = PUBLISH_DELAY_S
 COALESCE_SAMPLES = 64
 #: ... or once the oldest of them was offered this long ago (see the module docstring); as long
 #: as a batch that reached the log's end waits to publish its seq (PUBLISH_DELAY_S). One sample
-#: per request at 500/s: batches of ~10 samples instead of ~3, 40 us less CPU per request
-#: (5 ms before; benchmarks/naive_client.py).
+#: per request at 500/s: batches of ~10 samples instead of ~3, ~40 us less service CPU per
+#: request (5 ms before; ad hoc A/B runs of ``benchmarks.loadgen rest-one``).
 APPLY_DELAY_S = 0.02
 #: A hold with less than this left counts as over: uvloop's timers (libuv's) fire in whole
 #: milliseconds, often before a fractional deadline, and each wake short of it only waited
