@@ -285,7 +285,9 @@ def _redis(settings: Settings) -> Iterator[str | None]:
         return
     from service.storage.embedded import EmbeddedRedis
 
-    embedded = EmbeddedRedis(settings.data_dir, settings.redis_appendfsync)
+    embedded = EmbeddedRedis(
+        settings.data_dir, settings.redis_appendfsync, settings.redis_aof_rewrite_min_mb
+    )
     try:  # stop() also undoes a start cut short (by a signal, or a server that did not answer)
         try:
             url = embedded.start()  # supervised: restarted if it dies

@@ -31,6 +31,13 @@ class Settings(BaseSettings):
     redis_appendfsync: Literal["always", "everysec", "no"] = Field(
         default="always", description="Embedded Redis AOF fsync policy (always: an ack is on disk)."
     )
+    redis_aof_rewrite_min_mb: int = Field(
+        default=1024,
+        ge=1,
+        description="Embedded Redis: compact (rewrite) the AOF only once it is at least this "
+        "many MB (and twice its size after the last rewrite). Below 1 GB a stream of vectors "
+        "rewrites it every few seconds, each rewrite stalling appends.",
+    )
     redis_timeout_s: float = Field(
         default=2.0, gt=0, description="Bound on every Redis call; past it the API answers 503."
     )

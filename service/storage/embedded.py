@@ -5,7 +5,19 @@ it), bound to a free loopback port, AOF on, working dir = ``OPML_DATA_DIR``. A `
 ``<data_dir>/service.lock`` guarantees one service per data dir, and ``<data_dir>/redis.json``
 records the server's pid and port. If the service was killed with SIGKILL its redis-server
 survives; the next start finds it through that file and adopts it when it answers for this data
-dir (else terminates it), so two servers never share a data dir.
+dir (else terminates it), so two servers never share a data dir. An adopted server is given
+this start's ``appendfsync`` and AOF rewrite size (``CONFIG SET``), as a spawned one would be.
+
+AOF compaction: Redis rewrites the AOF once it has doubled since the last rewrite and is at
+least ``auto-aof-rewrite-min-size``; Redis' default of 64 MB suits a cache, not a log of
+vectors. A stream of binary frames at d = 64 writes ~130 MB/s to the AOF, so the log (trimmed
+behind each checkpoint, a few MB) was rewritten every ~1.5 s, and Redis 6.2 ends each rewrite
+by writing the changes made meanwhile on its main thread: 50-80 ms in which no append is
+answered (``LATENCY HISTORY aof-rewrite-diff-write``), and the learner ran out of samples. The
+embedded server waits for 1 GB instead (``OPML_REDIS_AOF_REWRITE_MIN_MB``): the AOF takes up to
+that much disk beyond the data; replaying 1 GB of it at a restart took 0.33 s here. Ad hoc,
+binary frames of 256 at d = 64: 226k -> 238k samples/s fresh and 199k -> 221k after 20 s of
+one-sample JSON frames (whose idempotency records make each rewrite longer).
 
 Supervision: a watchdog thread waits for the server's exit (a pidfd, Linux >= 5.3: no polling,
 and it works for an adopted server too, which is not our child) and restarts it on the same dir
@@ -93,9 +105,14 @@ class EmbeddedRedis:
     True
     """
 
-    def __init__(self, data_dir: Path, appendfsync: str = "always") -> None:
+    def __init__(
+        self, data_dir: Path, appendfsync: str = "always", aof_rewrite_min_mb: int = 1024
+    ) -> None:
+        if aof_rewrite_min_mb < 1:
+            raise ValueError(f"aof_rewrite_min_mb: must be >= 1, got {aof_rewrite_min_mb}")
         self.data_dir = data_dir.resolve()
         self.appendfsync = appendfsync
+        self.aof_rewrite_min_mb = aof_rewrite_min_mb
         self.url: str | None = None
         self.pid: int | None = None
         self.port: int | None = None
@@ -181,6 +198,9 @@ class EmbeddedRedis:
         client = redis.Redis(port=port, socket_timeout=2, socket_connect_timeout=2)
         try:
             ours = Path(str(client.config_get("dir").get("dir", ""))).resolve() == self.data_dir
+            if ours:  # this start's settings, as _spawn gives them
+                client.config_set("appendfsync", self.appendfsync)
+                client.config_set("auto-aof-rewrite-min-size", f"{self.aof_rewrite_min_mb}mb")
         except redis.RedisError:
             ours = False
         finally:
@@ -204,6 +224,7 @@ class EmbeddedRedis:
             "--dir", str(self.data_dir),
             "--appendonly", "yes",
             "--appendfsync", self.appendfsync,
+            "--auto-aof-rewrite-min-size", f"{self.aof_rewrite_min_mb}mb",
             "--save", "",
             "--daemonize", "no",
             "--logfile", "redis.log",

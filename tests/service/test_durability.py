@@ -116,6 +116,15 @@ def test_kill_9_while_streaming_loses_no_acknowledged_sample(
     assert model["updates"]["triplet"] == ref.counts["triplet_update"] + ref.counts["shrunk_update"]
 
 
+def _aof_config(port: int) -> tuple[str, int]:
+    client = redis.Redis(port=port, decode_responses=True)
+    try:
+        config = client.config_get("appendfsync") | client.config_get("auto-aof-rewrite-min-size")
+    finally:
+        client.close()
+    return config["appendfsync"], int(config["auto-aof-rewrite-min-size"])
+
+
 def test_embedded_redis_survives_a_crash_and_is_adopted(tmp_path: Path, launch: Launch) -> None:
     svc = launch(tmp_path, None).start()  # no OPML_REDIS_URL: embedded redis-server
     with svc.client() as api:
@@ -123,11 +132,15 @@ def test_embedded_redis_survives_a_crash_and_is_adopted(tmp_path: Path, launch: 
         api.post("/v1/models/m/samples?wait=true", json={"samples": [{"x": [1, 0], "y": 1}] * 3})
     state = json.loads((svc.data_dir / "redis.json").read_text())
     assert (svc.data_dir / "appendonly.aof").exists()
+    assert _aof_config(state["port"]) == ("always", 1024 * 2**20)  # the defaults
     svc.kill()
     os.kill(state["pid"], 0)  # the child outlived the killed service
 
-    svc.start()  # adopts it instead of starting a second server on the same dir
+    # adopts it instead of starting a second server on the same dir, with this start's settings
+    svc.env |= {"OPML_REDIS_APPENDFSYNC": "everysec", "OPML_REDIS_AOF_REWRITE_MIN_MB": "96"}
+    svc.start()
     assert json.loads((svc.data_dir / "redis.json").read_text())["pid"] == state["pid"]
+    assert _aof_config(state["port"]) == ("everysec", 96 * 2**20)
     with svc.client() as api:
         assert api.get("/v1/models/m").json()["version"] == 3
     svc.stop()  # graceful (uvicorn re-raises SIGTERM after shutdown: exit status -15)
