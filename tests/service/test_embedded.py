@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from service.config import Settings
+from service.storage.embedded import EmbeddedRedis
 from tests.service.cluster import wait_for
 from tests.service.support import ServiceProcess, make_model
 
@@ -55,3 +56,11 @@ def test_waiting_for_replicas_needs_a_redis_with_replicas() -> None:
     with pytest.raises(ValidationError, match="redis_wait_replicas: the embedded Redis has no"):
         Settings(redis_wait_replicas=1)  # no OPML_REDIS_URL: the embedded server
     assert Settings(redis_wait_replicas=1, redis_url="redis://r:6379/0").redis_wait_replicas == 1
+
+
+def test_an_aof_rewrite_size_below_one_mb_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="redis_aof_rewrite_min_mb"):
+        Settings(redis_aof_rewrite_min_mb=0)
+    with pytest.raises(ValueError, match="aof_rewrite_min_mb: must be >= 1, got 0"):
+        EmbeddedRedis(tmp_path, aof_rewrite_min_mb=0)
+    assert not tmp_path.joinpath("service.lock").exists()  # refused before touching the dir
