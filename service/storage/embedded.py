@@ -199,8 +199,8 @@ class EmbeddedRedis:
         try:
             ours = Path(str(client.config_get("dir").get("dir", ""))).resolve() == self.data_dir
             if ours:  # this start's settings, as _spawn gives them
-                client.config_set("appendfsync", self.appendfsync)
-                client.config_set("auto-aof-rewrite-min-size", f"{self.aof_rewrite_min_mb}mb")
+                for name, value in self._settings().items():
+                    client.config_set(name, value)
         except redis.RedisError:
             ours = False
         finally:
@@ -216,6 +216,14 @@ class EmbeddedRedis:
             _wait_gone(pid, 5)
         return False
 
+    def _settings(self) -> dict[str, str]:
+        """The server settings this start chooses: given to a spawned server on its command
+        line, to an adopted one by ``CONFIG SET``."""
+        return {
+            "appendfsync": self.appendfsync,
+            "auto-aof-rewrite-min-size": f"{self.aof_rewrite_min_mb}mb",
+        }
+
     def _spawn(self, port: int) -> None:
         cmd = [
             redis_server_binary(),
@@ -223,8 +231,7 @@ class EmbeddedRedis:
             "--bind", "127.0.0.1",
             "--dir", str(self.data_dir),
             "--appendonly", "yes",
-            "--appendfsync", self.appendfsync,
-            "--auto-aof-rewrite-min-size", f"{self.aof_rewrite_min_mb}mb",
+            *(arg for name, value in self._settings().items() for arg in (f"--{name}", value)),
             "--save", "",
             "--daemonize", "no",
             "--logfile", "redis.log",
