@@ -20,7 +20,12 @@ rounds), on a model of d = 64 (``normalize: l2``):
   connections, 32 frames in flight each): samples/s acknowledged (durable) and the learner lag
   p99 (ack -> applied, from ``/events``);
 * the best frames (binary, 256 samples): samples/s, as a share of the core ``learn_many``'s
-  own throughput on the same stream (measured in this process).
+  own throughput on the same stream (measured in this process);
+* this checkout only (``--sweep``, default 250, 1000 and 2000 requests/s): single-sample
+  ``POST .../samples`` at other offered rates, open loop as at 500/s, for how the service CPU
+  per request depends on the rate (each request finds the caches colder the longer the
+  service idled before it; the writer learns a batch every 20 ms whatever the rate). Not on
+  the baseline: it cannot serve 2000/s on two cores.
 
 ``--profile``: py-spy (``.venv/bin/pip install py-spy``) samples each service during a
 sequential single-sample run; the report lists the functions with the most samples on top of
@@ -45,7 +50,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +77,7 @@ class Plan:
     connections: int
     profile: bool
     quick: bool
+    sweep: tuple[float, ...] = ()
 
 
 def loadavg() -> list[float]:
@@ -218,7 +224,11 @@ def profile(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
     }
 
 
-def measure_round(service: Service, plan: Plan) -> dict[str, Any]:
+def sweep_key(rate: float) -> str:
+    return f"rest_{rate:g}"
+
+
+def measure_round(service: Service, plan: Plan, sweep: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     samples_path = f"/v1/models/{NAME}/samples"
     out["livez"] = asyncio.run(sequential(service, "GET", "/livez", plan.requests * 2))
@@ -227,6 +237,8 @@ def measure_round(service: Service, plan: Plan) -> dict[str, Any]:
     out["ws_json1"] = ws(service, plan, "json", 1, plan.connections)
     out["ws_json1_one"] = ws(service, plan, "json", 1, 1)
     out["ws_best"] = ws(service, plan, "binary", BEST_FRAME, 1)
+    for rate in [r for r in plan.sweep if r != plan.rate] if sweep else []:
+        out[sweep_key(rate)] = rest_open_loop(service, replace(plan, rate=rate))
     return out
 
 
@@ -247,7 +259,7 @@ def measure(plan: Plan, roots: dict[str, Path]) -> dict[str, Any]:
         cores: list[float] = []
         for k in range(plan.rounds):
             for service in services:
-                result = measure_round(service, plan)
+                result = measure_round(service, plan, sweep=service.label == "after")
                 runs[service.label].append(result)
                 print(f"round {k + 1} {service.label}: {json.dumps(result)}", flush=True)
             # in every round, beside the services' runs: it moves with the machine's state too
@@ -291,7 +303,12 @@ def median(values: list[Any]) -> float | None:
 
 
 def table(runs: list[dict[str, Any]]) -> dict[str, float | None]:
-    return {f"{key}.{metric}": median([r[key][metric] for r in runs]) for key, metric, *_ in ROWS}
+    out = {f"{key}.{metric}": median([r[key][metric] for r in runs]) for key, metric, *_ in ROWS}
+    for key in runs[0]:
+        if key.startswith("rest_") and key not in ("rest_seq", "rest_500"):  # the sweep
+            for metric in ("cpu_us_per_request", "p50_ms", "p99_ms", "achieved"):
+                out[f"{key}.{metric}"] = median([r[key][metric] for r in runs])
+    return out
 
 
 def _f(v: float | None, digits: int = 0) -> str:
@@ -355,6 +372,27 @@ def report(data: dict[str, Any], quick: bool) -> str:
         f"{share.get('before', float('nan')):.2f} | {share['after']:.2f} | - | "
         f"{verdict(share['after'], 0.5, True)} |"
     )
+    if plan.get("sweep"):
+        lines += [
+            "",
+            "## Single-sample REST by offered rate (after only)",
+            "",
+            "The same requests, open loop, at other rates; in sequence for comparison. A request "
+            "that arrives at an idle service finds its caches cold, and the writer learns a "
+            "batch every 20 ms whatever the rate (its cost is spread over fewer requests at a "
+            "low rate).",
+            "",
+            "| offered | service CPU us/request | p50 ms | p99 ms |",
+            "|---|---|---|---|",
+            f"| in sequence | {_f(after.get('rest_seq.cpu_us_per_request'))} | "
+            f"{_f(after.get('rest_seq.p50_ms'), 2)} | - |",
+        ]
+        for rate in sorted({*plan["sweep"], plan["rate"]}):
+            key = "rest_500" if rate == plan["rate"] else sweep_key(rate)
+            lines.append(
+                f"| {rate:,g}/s | {_f(after.get(f'{key}.cpu_us_per_request'))} | "
+                f"{_f(after.get(f'{key}.p50_ms'), 2)} | {_f(after.get(f'{key}.p99_ms'), 2)} |"
+            )
     errors = {
         label: sum(r[key].get("errors", 0) for r in runs for key in r)
         for label, runs in data["runs"].items()
@@ -393,6 +431,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=float, default=500.0)
     parser.add_argument("--connections", type=int, default=4, help="WS connections (JSON 1)")
+    parser.add_argument(
+        "--sweep", default="250,1000,2000",
+        help="other REST rates for this checkout, comma-separated ('' for none)",
+    )  # fmt: skip
     parser.add_argument("--profile", action="store_true", help="py-spy each service")
     parser.add_argument(
         "--report-only", action="store_true",
@@ -412,6 +454,7 @@ def main() -> None:
         connections=args.connections,
         profile=args.profile,
         quick=args.quick,
+        sweep=tuple(float(r) for r in args.sweep.split(",") if r.strip()),
     )
     roots = {"after": ROOT}
     if args.baseline is not None:
