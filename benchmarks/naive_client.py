@@ -225,7 +225,9 @@ def profile(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
 
 
 def sweep_key(rate: float) -> str:
-    return f"rest_{rate:g}"
+    """The result key of the sweep's run at ``rate`` (apart from ``rest_500``, which holds the
+    run at ``--rate``, whatever it is)."""
+    return f"sweep_{rate:g}"
 
 
 def measure_round(service: Service, plan: Plan, sweep: bool) -> dict[str, Any]:
@@ -305,7 +307,7 @@ def median(values: list[Any]) -> float | None:
 def table(runs: list[dict[str, Any]]) -> dict[str, float | None]:
     out = {f"{key}.{metric}": median([r[key][metric] for r in runs]) for key, metric, *_ in ROWS}
     for key in runs[0]:
-        if key.startswith("rest_") and key not in ("rest_seq", "rest_500"):  # the sweep
+        if key.startswith("sweep_"):
             for metric in ("cpu_us_per_request", "p50_ms", "p99_ms", "achieved"):
                 out[f"{key}.{metric}"] = median([r[key][metric] for r in runs])
     return out
