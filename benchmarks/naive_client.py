@@ -386,7 +386,7 @@ def report(data: dict[str, Any], quick: bool) -> str:
     core = data["core_samples_per_s"]
     rounds = data.get("core_rounds") or [core]
     measured = [f for f in BINARY_FRAMES if after.get(f"{best_key(f)}.samples_per_s")]
-    best = max(measured, key=lambda f: after[f"{best_key(f)}.samples_per_s"])
+    best = max(measured, key=lambda f: after[f"{best_key(f)}.samples_per_s"], default=None)
     for frame in measured:
         share = {
             lbl: (t.get(f"{best_key(frame)}.samples_per_s") or float("nan")) / core
