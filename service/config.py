@@ -115,6 +115,13 @@ class Settings(BaseSettings):
     idempotency_ttl_s: int = Field(
         default=86_400, ge=1, description="Retention of Idempotency-Key / WS frame id answers."
     )
+    idempotency_max_records: int = Field(
+        default=1_000_000,
+        ge=0,
+        description="Most Idempotency-Key / WS frame id answers a model keeps (each ~250 B of "
+        "Redis memory): past it the oldest go before their retention ends, so memory stays "
+        "bounded whatever the rate; 0: no cap (retention alone).",
+    )
 
     # -- certificates (service/engine/certify.py) --
     certificate_every: int = Field(

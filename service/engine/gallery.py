@@ -302,6 +302,7 @@ class Gallery:
                     now_ms=int(time.time() * 1000),
                     ttl_ms=self.settings.idempotency_ttl_s * 1000,
                     max_items=limit,
+                    max_records=self.settings.idempotency_max_records,
                 )
             except NoSuchModel:
                 raise NotFound(f"model {self.name!r} does not exist") from None

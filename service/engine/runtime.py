@@ -189,6 +189,7 @@ class ModelRuntime:
             ttl_ms=settings.idempotency_ttl_s * 1000,
             max_classes=settings.max_classes,
             max_samples=settings.max_batch,
+            max_records=settings.idempotency_max_records,
             announce=lambda: self.writer is None,
         )
         self.closed = False  # deleted (or the service is stopping)

@@ -55,6 +55,7 @@ class GroupCommit:
         ttl_ms: int,
         max_classes: int,
         max_samples: int,
+        max_records: int = 0,
         announce: Callable[[], bool] = lambda: True,
     ) -> None:
         self.store = store
@@ -62,6 +63,8 @@ class GroupCommit:
         #: Whether an append is published on the model's channel (see Store.append_groups).
         self.announce = announce
         self.ttl_ms = ttl_ms
+        #: Most idempotency records the model keeps (0: no cap; Store.append_groups).
+        self.max_records = max_records
         self.max_classes = max_classes
         #: Most samples per script (a group larger than this still goes, alone).
         self.max_samples = max_samples
@@ -103,6 +106,7 @@ class GroupCommit:
                         now_ms=int(time.time() * 1000),
                         ttl_ms=self.ttl_ms,
                         max_classes=self.max_classes,
+                        max_records=self.max_records,
                         announce=self.announce(),
                     )
                 except Exception as exc:  # the whole call failed: every group in it did

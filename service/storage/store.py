@@ -102,14 +102,32 @@ if #expired > 0 then
 end
 """
 
+# Keep at most ``cap`` idempotency records (ARGV ``cap``; 0: no cap) after a call that wrote
+# ``added`` of them: past it, those closest to expiry go first (with one TTL: the oldest). At
+# most ``added + 64`` go per call (in chunks: ``unpack`` has a limit), so a lowered cap is
+# reached over a few calls, and no call does unbounded work.
+_CAP = """
+if added > 0 and cap > 0 then
+  local over = redis.call('ZCARD', KEYS[{expiry}]) - cap
+  if over > added + 64 then over = added + 64 end
+  while over > 0 do
+    local k = math.min(over, 1000)
+    local oldest = redis.call('ZRANGE', KEYS[{expiry}], 0, k - 1)
+    redis.call('HDEL', KEYS[{idem}], unpack(oldest))
+    redis.call('ZREMRANGEBYRANK', KEYS[{expiry}], 0, k - 1)
+    over = over - k
+  end
+end
+"""
+
 # KEYS: meta, log, classes, idem, idem-exp
 # ARGV: now_ms, ttl_ms, max_classes, groups, channel, model name (published on the channel
-#       when anything was appended), then per group: idem field ('' = none), fingerprint,
-#       n, x block, labels (JSON array), holdout flags ('' = none), k, then its k distinct
-#       labels. Groups are appended in
-#       order, each exactly as if alone (a group commit: one script, one AOF write and fsync for
-#       requests/frames that arrived together), each as ONE log entry ``<last seq>-1`` holding
-#       its n samples (see service.storage.codec).
+#       when anything was appended), the cap on idempotency records (0: none), then per group:
+#       idem field ('' = none), fingerprint, n, x block, labels (JSON array), holdout flags
+#       ('' = none), k, then its k distinct labels. Groups are appended in order, each exactly
+#       as if alone (a group commit: one script, one AOF write and fsync for requests/frames
+#       that arrived together), each as ONE log entry ``<last seq>-1`` holding its n samples
+#       (see service.storage.codec).
 # -> {0} no model | {1, puts, r1, r2, ...}, per group r = {1, first, last} | {2, "first last
 #    fingerprint"} replay | {3, classes} would exceed the class limit (that group alone: nothing
 #    of it logged); puts: the metric replacements logged so far (all of them before these groups)
@@ -122,10 +140,12 @@ local now = tonumber(ARGV[1])
     + """
 local ttl = tonumber(ARGV[2])
 local max_classes = tonumber(ARGV[3])
+local cap = tonumber(ARGV[7])
+local added = 0
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local first_seq = seq
 local out = {1, tonumber(redis.call('HGET', KEYS[1], 'puts') or '0')}
-local p = 7
+local p = 8
 for g = 1, tonumber(ARGV[4]) do
   local field, fp, n = ARGV[p], ARGV[p + 1], tonumber(ARGV[p + 2])
   local x, y, h, k = ARGV[p + 3], ARGV[p + 4], ARGV[p + 5], tonumber(ARGV[p + 6])
@@ -159,11 +179,15 @@ for g = 1, tonumber(ARGV[4]) do
       if field ~= '' then
         redis.call('HSET', KEYS[4], field, string.format('%d %d %s', first, seq, fp))
         redis.call('ZADD', KEYS[5], now + ttl, field)
+        added = added + 1
       end
       out[#out + 1] = {1, first, seq}
     end
   end
 end
+"""
+    + _CAP.format(idem=4, expiry=5)
+    + """
 redis.call('HSET', KEYS[1], 'seq', seq)
 if seq > first_seq then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return out
@@ -171,8 +195,9 @@ return out
 )
 
 # KEYS: meta, gallery, idem, idem-exp
-# ARGV: now_ms, ttl_ms, max_items, idem field ('' = none), fingerprint, then item key / value
-#       pairs (distinct keys; a key already enrolled is replaced)
+# ARGV: now_ms, ttl_ms, max_items, idem field ('' = none), fingerprint, the cap on idempotency
+#       records (0: none), then item key / value pairs (distinct keys; a key already enrolled
+#       is replaced)
 # -> {0} no model | {1, changes, added, size} | {2, "fingerprint added size"} replay |
 #    {3, size} the gallery would exceed max_items (nothing written)
 _ENROL = (
@@ -187,20 +212,25 @@ if field ~= '' then
   local prev = redis.call('HGET', KEYS[3], field)
   if prev then return {2, prev} end
 end
-local added = 0
-for i = 6, #ARGV, 2 do
-  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then added = added + 1 end
+local new_items = 0
+for i = 7, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then new_items = new_items + 1 end
 end
 local size = redis.call('HLEN', KEYS[2])
-if size + added > tonumber(ARGV[3]) then return {3, size} end
-for i = 6, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+if size + new_items > tonumber(ARGV[3]) then return {3, size} end
+for i = 7, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 local changes = redis.call('HINCRBY', KEYS[1], 'gallery', 1)
-size = size + added
+size = size + new_items
+local cap, added = tonumber(ARGV[6]), 0
 if field ~= '' then
-  redis.call('HSET', KEYS[3], field, string.format('%s %d %d', ARGV[5], added, size))
+  redis.call('HSET', KEYS[3], field, string.format('%s %d %d', ARGV[5], new_items, size))
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), field)
+  added = 1
 end
-return {1, changes, added, size}
+"""
+    + _CAP.format(idem=3, expiry=4)
+    + """
+return {1, changes, new_items, size}
 """
 )
 
@@ -840,17 +870,20 @@ class Store:
         now_ms: int,
         ttl_ms: int,
         max_classes: int,
+        max_records: int = 0,
         announce: bool = True,
     ) -> list[Appended | TooManyClasses]:
         """Append several groups in order in one script (:class:`NoSuchModel` if the model is
         gone); each group's outcome is its own: appended, replayed, or over the class limit.
         With replicas awaited, :class:`NotReplicated` fails them all (see the module
         docstring). ``announce``: publish the append on the model's channel (not needed when
-        the caller is the process that learns the model: it wakes its own writer)."""
+        the caller is the process that learns the model: it wakes its own writer).
+        ``ttl_ms`` and ``max_records`` (0: no cap) bound the model's idempotency records
+        (``_CAP``)."""
         keys = ModelKeys(name)
         # With replicas awaited the owner is woken by the confirmation instead (_CONFIRM).
         channel = appended_channel(name) if announce and not self.wait_replicas else ""
-        args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups), channel, name]
+        args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups), channel, name, max_records]
         for group in groups:
             if not group.keys:
                 raise ValueError("groups: a group has at least one sample")
@@ -929,11 +962,13 @@ class Store:
         now_ms: int,
         ttl_ms: int,
         max_items: int,
+        max_records: int = 0,
     ) -> Enrolled:
         """Write gallery items (key -> :func:`~service.storage.codec.encode_gallery_item`)
-        and the idempotency record, atomically; :class:`NoSuchModel`, :class:`GalleryFull`."""
+        and the idempotency record, atomically; :class:`NoSuchModel`, :class:`GalleryFull`.
+        ``ttl_ms`` and ``max_records`` (0: no cap) bound the model's idempotency records."""
         keys = ModelKeys(name)
-        args: list[Any] = [now_ms, ttl_ms, max_items, idempotency_field, fingerprint]
+        args: list[Any] = [now_ms, ttl_ms, max_items, idempotency_field, fingerprint, max_records]
         for pair in items.items():
             args += pair
         out = await self._enrol(

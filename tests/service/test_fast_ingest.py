@@ -210,6 +210,60 @@ def test_one_script_appends_groups_each_with_its_own_outcome(redis_url: str) -> 
     assert out[4] == Appended(4, 6, fingerprint="fp4", puts=0)
 
 
+def test_idempotency_records_go_past_their_ttl_or_the_cap_oldest_first(redis_url: str) -> None:
+    """The append and enrol scripts keep at most ``max_records`` records (the oldest go first,
+    at most ``added + 64`` per call: a lowered cap is reached over a few calls) and purge
+    those past their TTL; a forgotten record's retry is logged again, a kept one replays."""
+
+    async def run() -> None:
+        client = redis_connect(redis_url, 2.0)
+        store = Store(client)
+        model = f"records-{time.time_ns()}"
+        idem, expiry = f"opml:{{{model}}}:idem", f"opml:{{{model}}}:idem-exp"
+
+        async def append(fields: list[str], now: int, cap: int) -> list[Any]:
+            groups = [Group(encode_vector(np.zeros(1)), ["a"], f, f"fp-{f}") for f in fields]
+            return await store.append_groups(
+                model, groups, now_ms=now, ttl_ms=60_000, max_classes=4, max_records=cap
+            )
+
+        async def kept() -> set[str]:
+            assert await client.hlen(idem) == await client.zcard(expiry)
+            return {f.decode() for f in await client.hkeys(idem)}
+
+        try:
+            await store.create_model(model, {}, time.time())
+            for i in range(5):
+                await append([f"h:{i}"], now=1000 + i, cap=3)
+            assert await kept() == {"h:2", "h:3", "h:4"}
+            (replay,) = await append(["h:4"], now=1010, cap=3)
+            assert replay == Appended(5, 5, replayed=True, fingerprint="fp-h:4")
+            (again,) = await append(["h:0"], now=1011, cap=3)  # forgotten: logged again
+            assert again == Appended(6, 6, fingerprint="fp-h:0", puts=0)
+            assert await kept() == {"h:3", "h:4", "h:0"}
+            # the gallery's enrol keys share the cap
+            await store.enrol(model, {"item": b"v"}, idempotency_field="g:e",
+                              fingerprint="fp-e", now_ms=1012, ttl_ms=60_000, max_items=9,
+                              max_records=3)  # fmt: skip
+            assert await kept() == {"h:4", "h:0", "g:e"}
+            # past their TTL: purged by the next call that writes (the cap aside)
+            await append(["h:late"], now=1012 + 60_001, cap=0)
+            assert await kept() == {"h:late"}
+            # 200 records without a cap, then a cap of 10: at most added + 64 go per call
+            await append([f"m:{i}" for i in range(200)], now=200_000, cap=0)
+            sizes = []
+            for i in range(3):
+                await append([f"n:{i}"], now=200_001 + i, cap=10)
+                sizes.append(await client.zcard(expiry))
+            assert sizes == [200 + 1 - 65, 136 + 1 - 65, 10]  # (h:late: past its TTL)
+            assert {"n:0", "n:1", "n:2"} <= await kept()
+        finally:
+            await store.delete_model(model)
+            await client.aclose()
+
+    asyncio.run(run())
+
+
 def test_labels_are_logged_as_the_json_encoder_writes_them() -> None:
     """The log's ``y`` field, written directly for keys without escapes, is byte for byte what
     ``json.dumps`` makes of any keys (quotes, backslashes, control and non-ASCII characters)."""

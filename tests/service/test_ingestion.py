@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,7 +13,7 @@ import redis
 from websockets.sync.client import connect
 
 from service.api.schemas import LABEL_MESSAGE
-from tests.service.conftest import ServiceProcess
+from tests.service.conftest import Launch, ServiceProcess
 from tests.service.support import assert_problem, core_learner, make_model
 from tests.service.test_fast_ingest import binary
 
@@ -64,6 +65,36 @@ def test_idempotency_key_replays_and_logs_nothing(
     other = post(api, name, {"x": [0, 0], "y": "a"}, headers={"Idempotency-Key": "req-1"})
     assert assert_problem(other, 409)["first_seq"] == 1
     assert post(api, name, body, headers={"Idempotency-Key": "req-2"}).json()["first_seq"] == 3
+
+
+def test_a_model_keeps_its_latest_idempotency_records_up_to_the_cap(
+    tmp_path: Path, redis_url: str, rdb: redis.Redis, name: str, launch: Launch
+) -> None:
+    """OPML_IDEMPOTENCY_MAX_RECORDS = 3: REST keys and WS frame ids share the model's cap; past
+    it the oldest record goes, and a retry of it is logged again, while a kept one replays."""
+    svc = launch(tmp_path, redis_url, OPML_IDEMPOTENCY_MAX_RECORDS="3").start()
+    with svc.client() as api:
+        make_model(api, name, 2)
+
+        def send(key: str) -> httpx.Response:
+            return post(api, name, {"x": [1, 2], "y": "a"}, headers={"Idempotency-Key": key})
+
+        assert [send(f"k{i}").json()["first_seq"] for i in range(4)] == [1, 2, 3, 4]
+        assert rdb.hlen(f"opml:{{{name}}}:idem") == rdb.zcard(f"opml:{{{name}}}:idem-exp") == 3
+        kept = send("k3")
+        assert kept.headers.get("Idempotent-Replayed") == "true" and kept.json()["first_seq"] == 4
+        evicted = send("k0")  # the oldest of four: forgotten, so logged again
+        assert "Idempotent-Replayed" not in evicted.headers and evicted.json()["first_seq"] == 5
+        with connect(f"{svc.ws_url}/v1/models/{name}/stream") as ws:
+            for frame_id in ("f0", "f1", "f2", "f0"):
+                ws.send(json.dumps({"id": frame_id, "x": [2, 1], "y": "b"}))
+            acks = [json.loads(ws.recv(timeout=30)) for _ in range(4)]
+        assert [(a["ack"], a["first_seq"], a.get("replayed", False)) for a in acks] == [
+            ("f0", 6, False), ("f1", 7, False), ("f2", 8, False), ("f0", 6, True)
+        ]  # fmt: skip
+        # the three frames' records took the place of the keys'
+        assert send("k0").json()["first_seq"] == 9
+        assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 9
 
 
 @pytest.mark.parametrize(
