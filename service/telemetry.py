@@ -60,6 +60,12 @@ IDEMPOTENT_REPLAYS = Counter(
     "Ingestion requests/frames answered from their Idempotency-Key / frame-id record.",
     ["model", "transport"],
 )
+IDEMPOTENCY_DROPPED = Counter(
+    "opml_idempotency_records_dropped_total",
+    "Idempotency-Key / frame-id / enrol-key records removed before their retention ended, "
+    "to keep a model under OPML_IDEMPOTENCY_MAX_RECORDS: a retry of theirs is logged again.",
+    ["model"],
+)
 BACKPRESSURE_WAIT = Histogram(
     "opml_ingest_backpressure_wait_seconds",
     "Time an ingestion request/frame waited for the learner before being appended (only those "
@@ -161,6 +167,7 @@ _PER_MODEL = (
     SAMPLES_ACCEPTED,
     SAMPLES_REJECTED,
     IDEMPOTENT_REPLAYS,
+    IDEMPOTENCY_DROPPED,
     BACKPRESSURE_WAIT,
     EVENTS_DROPPED,
     STEPS,
@@ -202,6 +209,7 @@ class ModelMetrics:
         self.events_dropped = EVENTS_DROPPED.labels(name)
         self.accepted = {t: SAMPLES_ACCEPTED.labels(name, t) for t in TRANSPORTS}
         self.replays = {t: IDEMPOTENT_REPLAYS.labels(name, t) for t in TRANSPORTS}
+        self.records_dropped = IDEMPOTENCY_DROPPED.labels(name)
         self._rejected: dict[tuple[str, str], Counter] = {}
         self._verify: dict[tuple[bool, str], Counter] = {}
 

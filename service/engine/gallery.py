@@ -314,6 +314,8 @@ class Gallery:
             except RedisError:
                 self._stale = True  # the script may have run: Redis is the truth
                 raise
+            if done.dropped:
+                self.metrics.records_dropped.inc(done.dropped)
             if done.replayed:
                 if done.fingerprint != digest:
                     raise Conflict("this idempotency key was used for different items")

@@ -191,6 +191,7 @@ class ModelRuntime:
             max_samples=settings.max_batch,
             max_records=settings.idempotency_max_records,
             announce=lambda: self.writer is None,
+            on_dropped=self.metrics.records_dropped.inc,
         )
         self.closed = False  # deleted (or the service is stopping)
         #: Held while the model is taken, kept, handed over or closed (the registry's placement

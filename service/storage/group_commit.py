@@ -57,14 +57,17 @@ class GroupCommit:
         max_samples: int,
         max_records: int = 0,
         announce: Callable[[], bool] = lambda: True,
+        on_dropped: Callable[[int], object] | None = None,
     ) -> None:
         self.store = store
         self.name = name
         #: Whether an append is published on the model's channel (see Store.append_groups).
         self.announce = announce
         self.ttl_ms = ttl_ms
-        #: Most idempotency records the model keeps (0: no cap; Store.append_groups).
+        #: Most idempotency records the model keeps (0: no cap), and what to tell how many the
+        #: cap removed (Store.append_groups).
         self.max_records = max_records
+        self.on_dropped = on_dropped
         self.max_classes = max_classes
         #: Most samples per script (a group larger than this still goes, alone).
         self.max_samples = max_samples
@@ -108,6 +111,7 @@ class GroupCommit:
                         max_classes=self.max_classes,
                         max_records=self.max_records,
                         announce=self.announce(),
+                        on_dropped=self.on_dropped,
                     )
                 except Exception as exc:  # the whole call failed: every group in it did
                     done, batch = batch, []

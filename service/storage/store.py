@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, NamedTuple, cast
@@ -105,8 +106,9 @@ end
 # Keep at most ``cap`` idempotency records (ARGV ``cap``; 0: no cap) after a call that wrote
 # ``added`` of them: past it, those closest to expiry go first (with one TTL: the oldest). At
 # most ``added + 64`` go per call (in chunks: ``unpack`` has a limit), so a lowered cap is
-# reached over a few calls, and no call does unbounded work.
+# reached over a few calls, and no call does unbounded work. ``dropped``: how many went.
 _CAP = """
+local dropped = 0
 if added > 0 and cap > 0 then
   local over = redis.call('ZCARD', KEYS[{expiry}]) - cap
   if over > added + 64 then over = added + 64 end
@@ -116,6 +118,7 @@ if added > 0 and cap > 0 then
     redis.call('HDEL', KEYS[{idem}], unpack(oldest))
     redis.call('ZREMRANGEBYRANK', KEYS[{expiry}], 0, k - 1)
     over = over - k
+    dropped = dropped + k
   end
 end
 """
@@ -128,9 +131,10 @@ end
 #       as if alone (a group commit: one script, one AOF write and fsync for requests/frames
 #       that arrived together), each as ONE log entry ``<last seq>-1`` holding its n samples
 #       (see service.storage.codec).
-# -> {0} no model | {1, puts, r1, r2, ...}, per group r = {1, first, last} | {2, "first last
-#    fingerprint"} replay | {3, classes} would exceed the class limit (that group alone: nothing
-#    of it logged); puts: the metric replacements logged so far (all of them before these groups)
+# -> {0} no model | {1, puts, dropped, r1, r2, ...}, per group r = {1, first, last} | {2, "first
+#    last fingerprint"} replay | {3, classes} would exceed the class limit (that group alone:
+#    nothing of it logged); puts: the metric replacements logged so far (all of them before
+#    these groups); dropped: the idempotency records the cap removed (_CAP)
 _APPEND = (
     """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
@@ -144,7 +148,7 @@ local cap = tonumber(ARGV[7])
 local added = 0
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq'))
 local first_seq = seq
-local out = {1, tonumber(redis.call('HGET', KEYS[1], 'puts') or '0')}
+local out = {1, tonumber(redis.call('HGET', KEYS[1], 'puts') or '0'), 0}
 local p = 8
 for g = 1, tonumber(ARGV[4]) do
   local field, fp, n = ARGV[p], ARGV[p + 1], tonumber(ARGV[p + 2])
@@ -188,6 +192,7 @@ end
 """
     + _CAP.format(idem=4, expiry=5)
     + """
+out[3] = dropped
 redis.call('HSET', KEYS[1], 'seq', seq)
 if seq > first_seq then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return out
@@ -198,8 +203,8 @@ return out
 # ARGV: now_ms, ttl_ms, max_items, idem field ('' = none), fingerprint, the cap on idempotency
 #       records (0: none), then item key / value pairs (distinct keys; a key already enrolled
 #       is replaced)
-# -> {0} no model | {1, changes, added, size} | {2, "fingerprint added size"} replay |
-#    {3, size} the gallery would exceed max_items (nothing written)
+# -> {0} no model | {1, changes, added, size, dropped} | {2, "fingerprint added size"} replay |
+#    {3, size} the gallery would exceed max_items (nothing written); dropped: as _APPEND
 _ENROL = (
     """
 if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
@@ -230,7 +235,7 @@ end
 """
     + _CAP.format(idem=3, expiry=4)
     + """
-return {1, changes, new_items, size}
+return {1, changes, new_items, size, dropped}
 """
 )
 
@@ -426,6 +431,8 @@ class Enrolled:
     changes: int
     replayed: bool = False
     fingerprint: str = ""
+    #: Idempotency records that the cap removed to make room for this enrol's.
+    dropped: int = 0
 
 
 class GalleryFull(Exception):
@@ -872,6 +879,7 @@ class Store:
         max_classes: int,
         max_records: int = 0,
         announce: bool = True,
+        on_dropped: Callable[[int], object] | None = None,
     ) -> list[Appended | TooManyClasses]:
         """Append several groups in order in one script (:class:`NoSuchModel` if the model is
         gone); each group's outcome is its own: appended, replayed, or over the class limit.
@@ -879,7 +887,8 @@ class Store:
         docstring). ``announce``: publish the append on the model's channel (not needed when
         the caller is the process that learns the model: it wakes its own writer).
         ``ttl_ms`` and ``max_records`` (0: no cap) bound the model's idempotency records
-        (``_CAP``)."""
+        (``_CAP``); ``on_dropped`` is called with the number of records the cap removed, when
+        it removed any."""
         keys = ModelKeys(name)
         # With replicas awaited the owner is woken by the confirmation instead (_CONFIRM).
         channel = appended_channel(name) if announce and not self.wait_replicas else ""
@@ -900,8 +909,10 @@ class Store:
         if int(out[0]) == 0:
             raise NoSuchModel(name)
         results: list[Appended | TooManyClasses] = []
-        puts = int(out[1])
-        for group, r in zip(groups, out[2:], strict=True):
+        puts, dropped = int(out[1]), int(out[2])
+        if dropped and on_dropped is not None:
+            on_dropped(dropped)
+        for group, r in zip(groups, out[3:], strict=True):
             code = int(r[0])
             if code == 3:
                 results.append(TooManyClasses(int(r[1])))
@@ -982,7 +993,9 @@ class Store:
         if code == 2:
             fp, added, size = out[1].decode().split(" ")
             return Enrolled(int(added), int(size), 0, replayed=True, fingerprint=fp)
-        return Enrolled(int(out[2]), int(out[3]), int(out[1]), fingerprint=fingerprint)
+        return Enrolled(
+            int(out[2]), int(out[3]), int(out[1]), fingerprint=fingerprint, dropped=int(out[4])
+        )
 
     async def delete_item(self, name: str, key: str) -> int:
         """Remove a gallery item; the gallery's change count after it (:class:`NoSuchModel`,

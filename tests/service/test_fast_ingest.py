@@ -221,11 +221,13 @@ def test_idempotency_records_go_past_their_ttl_or_the_cap_oldest_first(redis_url
         model = f"records-{time.time_ns()}"
         idem, expiry = f"opml:{{{model}}}:idem", f"opml:{{{model}}}:idem-exp"
 
+        dropped: list[int] = []
+
         async def append(fields: list[str], now: int, cap: int) -> list[Any]:
             groups = [Group(encode_vector(np.zeros(1)), ["a"], f, f"fp-{f}") for f in fields]
-            return await store.append_groups(
-                model, groups, now_ms=now, ttl_ms=60_000, max_classes=4, max_records=cap
-            )
+            return await store.append_groups(model, groups, now_ms=now, ttl_ms=60_000,
+                                             max_classes=4, max_records=cap,
+                                             on_dropped=dropped.append)  # fmt: skip
 
         async def kept() -> set[str]:
             assert await client.hlen(idem) == await client.zcard(expiry)
@@ -236,16 +238,17 @@ def test_idempotency_records_go_past_their_ttl_or_the_cap_oldest_first(redis_url
             for i in range(5):
                 await append([f"h:{i}"], now=1000 + i, cap=3)
             assert await kept() == {"h:2", "h:3", "h:4"}
+            assert dropped == [1, 1]  # told only by the calls that removed any
             (replay,) = await append(["h:4"], now=1010, cap=3)
             assert replay == Appended(5, 5, replayed=True, fingerprint="fp-h:4")
             (again,) = await append(["h:0"], now=1011, cap=3)  # forgotten: logged again
             assert again == Appended(6, 6, fingerprint="fp-h:0", puts=0)
             assert await kept() == {"h:3", "h:4", "h:0"}
             # the gallery's enrol keys share the cap
-            await store.enrol(model, {"item": b"v"}, idempotency_field="g:e",
-                              fingerprint="fp-e", now_ms=1012, ttl_ms=60_000, max_items=9,
-                              max_records=3)  # fmt: skip
-            assert await kept() == {"h:4", "h:0", "g:e"}
+            enrolled = await store.enrol(model, {"item": b"v"}, idempotency_field="g:e",
+                                         fingerprint="fp-e", now_ms=1012, ttl_ms=60_000,
+                                         max_items=9, max_records=3)  # fmt: skip
+            assert enrolled.dropped == 1 and await kept() == {"h:4", "h:0", "g:e"}
             # past their TTL: purged by the next call that writes (the cap aside)
             await append(["h:late"], now=1012 + 60_001, cap=0)
             assert await kept() == {"h:late"}
@@ -256,6 +259,7 @@ def test_idempotency_records_go_past_their_ttl_or_the_cap_oldest_first(redis_url
                 await append([f"n:{i}"], now=200_001 + i, cap=10)
                 sizes.append(await client.zcard(expiry))
             assert sizes == [200 + 1 - 65, 136 + 1 - 65, 10]  # (h:late: past its TTL)
+            assert dropped[-3:] == [65, 65, 63]
             assert {"n:0", "n:1", "n:2"} <= await kept()
         finally:
             await store.delete_model(model)

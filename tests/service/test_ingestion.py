@@ -14,7 +14,7 @@ from websockets.sync.client import connect
 
 from service.api.schemas import LABEL_MESSAGE
 from tests.service.conftest import Launch, ServiceProcess
-from tests.service.support import assert_problem, core_learner, make_model
+from tests.service.support import assert_problem, core_learner, make_model, scrape, series
 from tests.service.test_fast_ingest import binary
 
 
@@ -95,6 +95,9 @@ def test_a_model_keeps_its_latest_idempotency_records_up_to_the_cap(
         # the three frames' records took the place of the keys'
         assert send("k0").json()["first_seq"] == 9
         assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 9
+        # k0, then k0 again, the three frames' and the last k0's made room: 1 + 1 + 3 + 1
+        dropped = series(scrape(api), "opml_idempotency_records_dropped_total", model=name)
+        assert list(dropped.values()) == [6]
 
 
 @pytest.mark.parametrize(
