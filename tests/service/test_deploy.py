@@ -66,6 +66,17 @@ def test_grafana_provisions_the_datasource_and_the_dashboard() -> None:
         "Is each model learning?", "Is ingestion keeping up?", "Is verification trustworthy?",
         "Durability",
     ]  # fmt: skip
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids)), ids  # Grafana tells panels apart by id
+    # no two panels share a cell of the 24-column grid (Grafana would push one down)
+    cells: dict[tuple[int, int], str] = {}
+    for p in board["panels"]:
+        g = p["gridPos"]
+        assert g["x"] + g["w"] <= 24, p["title"]
+        for x in range(g["x"], g["x"] + g["w"]):
+            for y in range(g["y"], g["y"] + g["h"]):
+                assert (x, y) not in cells, (p["title"], cells[(x, y)])
+                cells[(x, y)] = p["title"]
 
 
 def test_dockerfile_is_slim_non_root_with_a_livez_healthcheck() -> None:
