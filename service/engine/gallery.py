@@ -303,6 +303,7 @@ class Gallery:
                     ttl_ms=self.settings.idempotency_ttl_s * 1000,
                     max_items=limit,
                     max_records=self.settings.idempotency_max_records,
+                    on_dropped=self.metrics.records_dropped.inc,
                 )
             except NoSuchModel:
                 raise NotFound(f"model {self.name!r} does not exist") from None
@@ -314,8 +315,6 @@ class Gallery:
             except RedisError:
                 self._stale = True  # the script may have run: Redis is the truth
                 raise
-            if done.dropped:
-                self.metrics.records_dropped.inc(done.dropped)
             if done.replayed:
                 if done.fingerprint != digest:
                     raise Conflict("this idempotency key was used for different items")

@@ -431,8 +431,6 @@ class Enrolled:
     changes: int
     replayed: bool = False
     fingerprint: str = ""
-    #: Idempotency records that the cap removed to make room for this enrol's.
-    dropped: int = 0
 
 
 class GalleryFull(Exception):
@@ -974,10 +972,11 @@ class Store:
         ttl_ms: int,
         max_items: int,
         max_records: int = 0,
+        on_dropped: Callable[[int], object] | None = None,
     ) -> Enrolled:
         """Write gallery items (key -> :func:`~service.storage.codec.encode_gallery_item`)
         and the idempotency record, atomically; :class:`NoSuchModel`, :class:`GalleryFull`.
-        ``ttl_ms`` and ``max_records`` (0: no cap) bound the model's idempotency records."""
+        ``ttl_ms``, ``max_records`` and ``on_dropped``: as :meth:`append_groups`."""
         keys = ModelKeys(name)
         args: list[Any] = [now_ms, ttl_ms, max_items, idempotency_field, fingerprint, max_records]
         for pair in items.items():
@@ -993,9 +992,10 @@ class Store:
         if code == 2:
             fp, added, size = out[1].decode().split(" ")
             return Enrolled(int(added), int(size), 0, replayed=True, fingerprint=fp)
-        return Enrolled(
-            int(out[2]), int(out[3]), int(out[1]), fingerprint=fingerprint, dropped=int(out[4])
-        )
+        dropped = int(out[4])
+        if dropped and on_dropped is not None:
+            on_dropped(dropped)
+        return Enrolled(int(out[2]), int(out[3]), int(out[1]), fingerprint=fingerprint)
 
     async def delete_item(self, name: str, key: str) -> int:
         """Remove a gallery item; the gallery's change count after it (:class:`NoSuchModel`,
