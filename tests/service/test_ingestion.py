@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,14 @@ from websockets.sync.client import connect
 
 from service.api.schemas import LABEL_MESSAGE
 from tests.service.conftest import Launch, ServiceProcess
-from tests.service.support import assert_problem, core_learner, make_model, scrape, series
+from tests.service.support import (
+    RedisServer,
+    assert_problem,
+    core_learner,
+    make_model,
+    scrape,
+    series,
+)
 from tests.service.test_fast_ingest import binary
 
 
@@ -68,12 +76,15 @@ def test_idempotency_key_replays_and_logs_nothing(
 
 
 def test_a_model_keeps_its_latest_idempotency_records_up_to_the_cap(
-    tmp_path: Path, redis_url: str, rdb: redis.Redis, name: str, launch: Launch
+    tmp_path: Path, own_redis: RedisServer, name: str, launch: Launch
 ) -> None:
     """OPML_IDEMPOTENCY_MAX_RECORDS = 3: REST keys and WS frame ids share the model's cap; past
-    it the oldest record goes, and a retry of it is logged again, while a kept one replays."""
-    svc = launch(tmp_path, redis_url, OPML_IDEMPOTENCY_MAX_RECORDS="3").start()
-    with svc.client() as api:
+    it the oldest record goes, and a retry of it is logged again, while a kept one replays.
+    (On a Redis of its own: on the shared one the shared service could learn the model and
+    take its appends, with its own cap.)"""
+    svc = launch(tmp_path, own_redis.url, OPML_IDEMPOTENCY_MAX_RECORDS="3").start()
+    rdb = redis.Redis.from_url(own_redis.url)
+    with svc.client() as api, contextlib.closing(rdb):
         make_model(api, name, 2)
 
         def send(key: str) -> httpx.Response:
