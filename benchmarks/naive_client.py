@@ -30,9 +30,9 @@ rounds), on a model of d = 64 (``normalize: l2``):
   service idled before it; the writer learns a batch every 20 ms whatever the rate). Not on
   the baseline: it cannot serve 2000/s on two cores.
 
-``--profile``: py-spy (``.venv/bin/pip install py-spy``) samples each service during a
-sequential single-sample run; the report lists the functions with the most samples on top of
-the stack (self time) and the stacks are saved as ``naive_client_profile_{label}.txt``.
+``--profile``: py-spy (in the ``bench`` extra: ``python3 dev.py bench``) samples each service
+during a sequential single-sample run; the report lists the functions with the most samples on
+top of the stack (self time) and the stacks are saved as ``naive_client_profile_{label}.txt``.
 
 The machine is shared: CPU per request is what load disturbs least; the load average is
 recorded at the start and end of every measurement. Nothing is asserted. Writes
@@ -201,7 +201,7 @@ def profile(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
     """py-spy on the service during a sequential single-sample run: the top self-time frames."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
-        return {"error": "py-spy not installed (.venv/bin/pip install py-spy)"}
+        return {"error": "py-spy not installed (python3 dev.py bench installs it)"}
     raw = tmp / f"profile-{service.label}.txt"
     seconds = 8
     proc = subprocess.Popen(

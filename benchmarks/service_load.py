@@ -579,7 +579,7 @@ def measure_profile(
     the breakdown by stage, and py-spy's flame graph and collapsed stacks (by results name)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(spy).exists():
-        return {"error": "py-spy not installed (.venv/bin/pip install py-spy)"}, {}
+        return {"error": "py-spy not installed (python3 dev.py bench installs it)"}, {}
     name = "prof64"
     create_model(client, name, 64)
     embedded = service.embedded_redis()
