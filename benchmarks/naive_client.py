@@ -27,7 +27,7 @@ rounds), on a model of d = 64 (``normalize: l2``):
 * this checkout only (``--sweep``, default 250, 1000 and 2000 requests/s): single-sample
   ``POST .../samples`` at other offered rates, open loop as at 500/s, for how the service CPU
   per request depends on the rate (each request finds the caches colder the longer the
-  service idled before it; the writer learns a batch every 20 ms whatever the rate). Not on
+  service idled before it; below 1,280 samples/s the writer learns a batch every 50 ms). Not on
   the baseline: it cannot serve 2000/s on two cores.
 
 ``--profile``: py-spy (in the ``bench`` extra: ``python3 dev.py bench``) samples each service
@@ -405,9 +405,9 @@ def report(data: dict[str, Any], quick: bool) -> str:
             "## Single-sample REST by offered rate (after only)",
             "",
             "The same requests, open loop, at other rates; in sequence for comparison. A request "
-            "that arrives at an idle service finds its caches cold, and the writer learns a "
-            "batch every 20 ms whatever the rate (its cost is spread over fewer requests at a "
-            "low rate).",
+            "that arrives at an idle service finds its caches cold, and below 1,280 samples/s "
+            "the writer learns a batch every 50 ms (the hold; its cost is spread over fewer "
+            "requests at a low rate).",
             "",
             "| offered | service CPU us/request | p50 ms | p99 ms |",
             "|---|---|---|---|",

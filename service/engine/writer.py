@@ -121,11 +121,15 @@ MAX_OFFERED = 4096
 SKIP_READ_S = PUBLISH_DELAY_S
 #: Offered appends are learned together once this many samples are offered (at most a batch)...
 COALESCE_SAMPLES = 64
-#: ... or once the oldest of them was offered this long ago (see the module docstring); as long
-#: as a batch that reached the log's end waits to publish its seq (PUBLISH_DELAY_S). One sample
-#: per request at 500/s: batches of ~10 samples instead of ~3, ~40 us less service CPU per
-#: request (5 ms before; ad hoc A/B runs of ``benchmarks.loadgen rest-one``).
-APPLY_DELAY_S = 0.02
+#: ... or once the oldest of them was offered this long ago (see the module docstring). With
+#: one sample per request at 500/s a batch of ~10 samples cost ~0.5 ms of CPU, mostly fixed
+#: costs with cold caches (the snapshot, BLAS pinning, bookkeeping, the read beside it), so the
+#: fewer batches the cheaper each request: in alternated ad hoc runs at 500/s, 50 ms instead of
+#: 20 gave 282-304 us (and once 502) of service CPU per request against 330-404 (medians 301
+#: and 341); 20 instead of 5 had saved ~40 us. The hold binds only while fewer than
+#: COALESCE_SAMPLES samples arrive per hold (1,280 samples/s); a waiter ends it at once; the
+#: ack never waits for it; it adds at most this much to the ack-to-applied lag.
+APPLY_DELAY_S = 0.05
 #: A hold with less than this left counts as over: uvloop's timers (libuv's) fire in whole
 #: milliseconds, often before a fractional deadline, and each wake short of it only waited
 #: again (one sample per request at 500/s: 3.3 such wakes per batch of ~3 samples).
