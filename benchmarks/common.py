@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -188,6 +189,16 @@ def method_errors(
             continue
         out[method] = knn_error(Z_train, y_train, Z_test, y_test, k, tie_break)
     return out
+
+
+#: Why a profile is missing when py-spy is (see :func:`py_spy`).
+NO_PY_SPY = "py-spy not installed (python3 dev.py bench installs it)"
+
+
+def py_spy() -> str | None:
+    """The py-spy executable (on the PATH or beside this Python), or None without one."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    return spy if Path(spy).exists() else None
 
 
 def cpu_model() -> str:

@@ -47,7 +47,6 @@ import contextlib
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -60,9 +59,18 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info, thread_cpu
+from benchmarks.common import (
+    NO_PY_SPY,
+    RESULTS_DIR,
+    command_line,
+    machine_block,
+    machine_info,
+    py_spy,
+    thread_cpu,
+)
 from benchmarks.loadgen import JSON_HEADERS, RawPool, _dumps, _row, stream
 from benchmarks.service_load import MODEL, core_throughput, fsync_latency
+from service.engine.writer import APPLY_DELAY_S, COALESCE_SAMPLES
 from service.launcher import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,9 +207,9 @@ UVLOOP = "(uvloop, C: socket I/O and polling)"
 
 def profile(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
     """py-spy on the service during a sequential single-sample run: the top self-time frames."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(spy).exists():
-        return {"error": "py-spy not installed (python3 dev.py bench installs it)"}
+    spy = py_spy()
+    if spy is None:
+        return {"error": NO_PY_SPY}
     raw = tmp / f"profile-{service.label}.txt"
     seconds = 8
     proc = subprocess.Popen(
@@ -405,9 +413,10 @@ def report(data: dict[str, Any], quick: bool) -> str:
             "## Single-sample REST by offered rate (after only)",
             "",
             "The same requests, open loop, at other rates; in sequence for comparison. A request "
-            "that arrives at an idle service finds its caches cold, and below 1,280 samples/s "
-            "the writer learns a batch every 50 ms (the hold; its cost is spread over fewer "
-            "requests at a low rate).",
+            "that arrives at an idle service finds its caches cold, and below "
+            f"{COALESCE_SAMPLES / APPLY_DELAY_S:,.0f} samples/s the writer learns a batch every "
+            f"{APPLY_DELAY_S * 1000:.0f} ms (the hold; its cost is spread over fewer requests at "
+            "a low rate).",
             "",
             "| offered | service CPU us/request | p50 ms | p99 ms |",
             "|---|---|---|---|",

@@ -45,7 +45,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,11 +60,13 @@ import httpx
 import numpy as np
 
 from benchmarks.common import (
+    NO_PY_SPY,
     RESULTS_DIR,
     command_line,
     cpu_seconds,
     machine_block,
     machine_info,
+    py_spy,
     thread_cpu,
 )
 from benchmarks.loadgen import pool_size, stream
@@ -577,9 +578,9 @@ def measure_profile(
 ) -> tuple[dict[str, Any], dict[str, bytes]]:
     """py-spy on the service under WS ingestion (d = 64, 64-sample frames, one connection):
     the breakdown by stage, and py-spy's flame graph and collapsed stacks (by results name)."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(spy).exists():
-        return {"error": "py-spy not installed (python3 dev.py bench installs it)"}, {}
+    spy = py_spy()
+    if spy is None:
+        return {"error": NO_PY_SPY}, {}
     name = "prof64"
     create_model(client, name, 64)
     embedded = service.embedded_redis()
