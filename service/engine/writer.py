@@ -124,7 +124,8 @@ COALESCE_SAMPLES = 64
 #: ... or once the oldest of them was offered this long ago (see the module docstring). With
 #: one sample per request at 500/s a batch of ~10 samples cost ~0.5 ms of CPU, mostly fixed
 #: costs with cold caches (the snapshot, BLAS pinning, bookkeeping, the read beside it), so the
-#: fewer batches the cheaper each request: in alternated ad hoc runs at 500/s, 50 ms instead of
+#: fewer batches the cheaper each request: in alternated ad hoc runs at 500/s (``benchmarks.
+#: loadgen rest-one --rate 500`` against two services side by side), 50 ms instead of
 #: 20 gave 282-304 us (and once 502) of service CPU per request against 330-404 (medians 301
 #: and 341); 20 instead of 5 had saved ~40 us. The hold binds only while fewer than
 #: COALESCE_SAMPLES samples arrive per hold (1,280 samples/s); a waiter ends it at once; the
