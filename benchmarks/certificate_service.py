@@ -3,7 +3,7 @@ core's own computation on the same data, and whether other queries wait while on
 
     .venv/bin/python -m benchmarks.certificate_service [--quick]
 
-Starts ``python -m service`` (:class:`service.launcher.ServiceProcess`, embedded Redis in a
+Starts ``python -m service`` (:class:`devkit.launcher.ServiceProcess`, embedded Redis in a
 temporary dir) and, per dimension d (64 and 256), creates a model with ``holdout = 0.2``,
 ``holdout_window = 5000`` and ``pac_bayes_window = 5000`` (``normalize = l2``), feeds it
 30,000 samples of 10 Gaussian classes (so the reservoir and the PAC-Bayes window are full) and
@@ -37,8 +37,8 @@ import httpx
 import numpy as np
 
 from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info, thread_cpu
+from devkit.launcher import ServiceProcess
 from service.core import Learner, LearnerConfig
-from service.launcher import ServiceProcess
 
 METHODS = ("binomial", "kl", "pac-bayes")
 CONFIG = {

@@ -2,7 +2,7 @@
 
 Not a script; imported by the paper reproductions (``table2.py``, ``table4.py``,
 ``gamma_grid.py``) and the timing and service benchmarks. The service benchmarks start the
-service with :class:`service.launcher.ServiceProcess`.
+service with :class:`devkit.launcher.ServiceProcess`.
 """
 
 from __future__ import annotations

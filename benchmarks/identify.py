@@ -52,9 +52,9 @@ from benchmarks.common import (
     thread_cpu,
 )
 from benchmarks.loadgen import RawPool, open_loop, summary
+from devkit.launcher import ServiceProcess
 from service.core import normalize_rows
 from service.core.gallery import OVERSAMPLE, TransformedGallery, refresh_method
-from service.launcher import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 D = 128

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.naive_client --baseline /path/to/old/checkout [--quick]
         [--profile]
 
-Starts ``python -m service`` (:class:`service.launcher.ServiceProcess`: embedded Redis with
+Starts ``python -m service`` (:class:`devkit.launcher.ServiceProcess`: embedded Redis with
 ``appendfsync always`` in a temporary dir) from this checkout ("after") and, with
 ``--baseline``, from another checkout ("before", e.g. ``git worktree add /tmp/base <commit>``),
 both at once, and measures them in alternation, ``--rounds`` rounds (figures: the median over
@@ -70,8 +70,8 @@ from benchmarks.common import (
 )
 from benchmarks.loadgen import JSON_HEADERS, RawPool, _dumps, _row, stream
 from benchmarks.service_load import MODEL, core_throughput, fsync_latency
+from devkit.launcher import ServiceProcess
 from service.engine.writer import APPLY_DELAY_S, COALESCE_SAMPLES
-from service.launcher import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 D = 64

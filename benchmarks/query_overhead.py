@@ -2,7 +2,7 @@
 
     .venv/bin/python -m benchmarks.query_overhead --baseline /path/to/old/checkout [--quick]
 
-Starts ``python -m service`` (:class:`service.launcher.ServiceProcess`, whose ``root`` runs
+Starts ``python -m service`` (:class:`devkit.launcher.ServiceProcess`, whose ``root`` runs
 another checkout's code) from this checkout ("after") and, with ``--baseline``, from another
 checkout of the repository ("before", e.g. ``git worktree add /tmp/base <commit>``), each on
 its own embedded Redis in a temporary dir, both running at once, and measures them in
@@ -48,7 +48,7 @@ import numpy as np
 from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info, thread_cpu
 from benchmarks.loadgen import JSON_HEADERS, RawPool, summary
 from benchmarks.loadgen import open_loop as loadgen_open_loop
-from service.launcher import ServiceProcess
+from devkit.launcher import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 D, GALLERY_D, GALLERY_N = 64, 128, 10_000

@@ -44,7 +44,7 @@ from benchmarks.common import (
     machine_info,
     suffixed,
 )
-from service.launcher import ServiceProcess
+from devkit.launcher import ServiceProcess
 from service.storage.keys import ModelKeys
 from tests.service.cluster import LocalCluster
 from tests.service.support import RedisServer

@@ -60,7 +60,7 @@ from benchmarks.common import (
     suffixed,
 )
 from clients.aio import AsyncOPMLClient
-from service.launcher import ServiceProcess
+from devkit.launcher import ServiceProcess
 from tests.service.support import RedisServer
 
 MODELS = [f"m{i}" for i in range(6)]

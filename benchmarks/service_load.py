@@ -2,7 +2,7 @@
 
     python3 dev.py bench && .venv/bin/python -m benchmarks.service_load [--quick] [--no-profile]
 
-Starts ``python -m service`` as a subprocess (:class:`service.launcher.ServiceProcess`; its own
+Starts ``python -m service`` as a subprocess (:class:`devkit.launcher.ServiceProcess`; its own
 embedded redis-server, AOF with ``appendfsync always``: an ack means the samples are on disk) in
 a temporary data dir on a free port, and drives it with ``benchmarks/loadgen.py``, each
 measurement a separate process (see its docstring for the methods). Nothing is asserted; the
@@ -70,9 +70,9 @@ from benchmarks.common import (
     thread_cpu,
 )
 from benchmarks.loadgen import pool_size, stream
+from devkit.launcher import ServiceProcess
 from service.core import Learner, LearnerConfig
 from service.engine.admission import samples_per_batch
-from service.launcher import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 

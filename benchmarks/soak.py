@@ -1,6 +1,6 @@
 """Soak: stream at a fixed rate for N minutes; watch memory, the log and the lag.
 
-Starts ``python -m service`` (:class:`service.launcher.ServiceProcess`) on the embedded default
+Starts ``python -m service`` (:class:`devkit.launcher.ServiceProcess`) on the embedded default
 (its own redis-server, AOF, ``appendfsync always``) in a temporary data dir, creates one model
 and POSTs batches at a fixed rate, each with its own ``Idempotency-Key`` (as a retrying client
 would; the service keeps those records for ``OPML_IDEMPOTENCY_TTL_S``, here 60 s, so their
@@ -37,7 +37,7 @@ import numpy as np
 import redis
 
 from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
-from service.launcher import ServiceProcess
+from devkit.launcher import ServiceProcess
 
 BAR = 0.05
 IDEMPOTENCY_TTL_S = 60

@@ -38,7 +38,7 @@ from service.api import auth, deps, observe, problems
 from service.api.forward import Forwarder, OwnerRouting
 from service.api.lean import LeanPath
 from service.api.limits import BodyLimit
-from service.api.main import api_router
+from service.api.router import api_router
 from service.config import Settings, get_settings
 from service.core import gallery, warm_up
 from service.engine.registry import Registry

@@ -5,7 +5,7 @@
 * ``service``: one ``python -m service`` for the session (small limits, so limit tests are
   cheap).
 * ``launch``: for tests that restart, kill, pause or misconfigure a service: makes
-  :class:`~service.launcher.ServiceProcess` launchers and closes every one of them when the
+  :class:`~devkit.launcher.ServiceProcess` launchers and closes every one of them when the
   test ends, passed or failed (a bounded stop each: nothing outlives the test).
 """
 

@@ -1,6 +1,6 @@
 """Helpers of the service tests: a real redis-server, the reference learner, Prometheus names.
 
-The service itself is started by :class:`service.launcher.ServiceProcess` (re-exported here for
+The service itself is started by :class:`devkit.launcher.ServiceProcess` (re-exported here for
 the tests' type hints), through the ``service`` and ``launch`` fixtures of ``conftest.py``.
 Nothing here asserts on behalf of a test except :func:`assert_problem`, the shape every error
 answer must have.
@@ -22,8 +22,8 @@ import redis
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from devkit.launcher import ServiceProcess as ServiceProcess  # re-exported for type hints
 from service.core import Learner, LearnerConfig
-from service.launcher import ServiceProcess as ServiceProcess  # re-exported for type hints
 from service.storage.embedded import free_port, redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The service launcher (service/launcher.py): bounded stops, signals, nothing left running."""
+"""The service launcher (devkit/launcher.py): bounded stops, signals, nothing left running."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.launcher import ServiceProcess
+from devkit.launcher import ServiceProcess
 from tests.service.conftest import Launch
 from tests.service.support import assert_problem
 

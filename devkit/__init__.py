@@ -1,0 +1,1 @@
+"""Development support shared by the tests and the benchmarks (not installed)."""
