@@ -35,7 +35,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from service.core.learner import OUTCOMES
+from service.core import OUTCOMES
 
 # ``*_created`` series double the exposition and no dashboard here uses them.
 disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -73,7 +73,7 @@ class _Body(BaseModel):
 
 class ModelCreate(_Body):
     """``POST /v1/models``; omitted hyperparameters take the core's defaults, which depend on
-    the algorithm (``service.core.learner.ALGORITHM_DEFAULTS``). A hyperparameter the chosen
+    the algorithm (``service.core.config.ALGORITHM_DEFAULTS``). A hyperparameter the chosen
     algorithm does not use is refused (422 naming it), as are combinations out of range
     (``margin >= 1`` for ``brm``, ``2 eta lam >= 1``, ``kappa`` without ``step="descent"``)."""
 

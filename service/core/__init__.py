@@ -6,7 +6,10 @@ unless a module says otherwise; the gradient learners follow ``seed-specs.md`` (
 002 and 003).
 
 * :class:`Learner` / :class:`LearnerConfig` -- the online learner the service runs
-  (``algorithm``: ``opml``, ``copml``, ``sgd``, ``sgd_psd``, ``brm``).
+  (``algorithm``: ``opml``, ``copml``, ``sgd``, ``sgd_psd``, ``brm``; :mod:`service.core.learner`,
+  :mod:`service.core.config`; its state format :mod:`service.core.state`).
+* :class:`MetricView` -- the read-only queries of one metric ``L``, what a snapshot holds
+  (:mod:`service.core.view`).
 * :class:`OPML`, :class:`COPML`, :class:`SGD`, :class:`SGDPSD`, :class:`BRM` -- scikit-learn /
   metric-learn style estimators.
 * :class:`ThresholdCalibrator` -- online EER calibration of the verification threshold.
@@ -22,16 +25,12 @@ from typing import TYPE_CHECKING, Any
 
 from service.core.calibration import Calibration, ThresholdCalibrator
 from service.core.certificates import Certificate, NotEnoughHeldOut
-from service.core.learner import (
-    OUTCOMES,
-    Learner,
-    LearnerConfig,
-    legacy_config,
-    normalize_rows,
-    warm_up,
-)
+from service.core.config import LearnerConfig
+from service.core.learner import Learner, warm_up
+from service.core.normalize import normalize_rows
 from service.core.stability import Stability
-from service.core.update import StepResult, StepResults
+from service.core.update import OUTCOMES, StepResult, StepResults
+from service.core.view import MetricView
 
 __all__ = [
     "BRM",
@@ -44,12 +43,12 @@ __all__ = [
     "Certificate",
     "Learner",
     "LearnerConfig",
+    "MetricView",
     "NotEnoughHeldOut",
     "Stability",
     "StepResult",
     "StepResults",
     "ThresholdCalibrator",
-    "legacy_config",
     "normalize_rows",
     "warm_up",
 ]

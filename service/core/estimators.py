@@ -25,7 +25,8 @@ import numpy as np
 
 from service.core._validation import Array, as_float_array, label_key
 from service.core.brm import restricted_root
-from service.core.learner import Learner, LearnerConfig, Normalize, StepRule
+from service.core.config import LearnerConfig, Normalize, StepRule
+from service.core.learner import Learner
 from service.core.steps import Step
 
 

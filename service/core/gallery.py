@@ -94,8 +94,8 @@ import numpy as np
 from numba import njit
 from numpy.typing import NDArray
 
+from service.core._threads import PINNED_WORK, blas
 from service.core._validation import Array
-from service.core.learner import _PINNED_WORK, _blas
 
 #: Unit roundoff of float64.
 U = 2.0**-53
@@ -244,8 +244,8 @@ def brute_force(G: Array, rows: Ints, q: Array, L: Array) -> Array:
 def _one_blas_thread(work: int) -> contextlib.AbstractContextManager[Any]:
     """BLAS on one thread for ``work`` multiply-adds and more (as the learner's queries: a
     second thread loses more than it gains on a busy 2-core machine)."""
-    if work >= _PINNED_WORK:
-        pinned: contextlib.AbstractContextManager[Any] = _blas().limit(limits=1, user_api="blas")
+    if work >= PINNED_WORK:
+        pinned: contextlib.AbstractContextManager[Any] = blas().limit(limits=1, user_api="blas")
         return pinned
     return contextlib.nullcontext()
 
@@ -450,7 +450,7 @@ class TransformedGallery:
             return replace(self, L=L), "unchanged"
         n, d = self.n, self.dim
         method = refresh_method(rank, n, d)
-        with _one_blas_thread(_PINNED_WORK):
+        with _one_blas_thread(PINNED_WORK):
             if method == "incremental":
                 assert rank is not None
                 view = self._incremental(L, rank)
@@ -532,7 +532,7 @@ class TransformedGallery:
         # of float64 over Z, which dominates a query), its rounding bounded and added to delta.
         z32 = self._z.rows32 if z_max * grow < F32_SAFE else None
         G = self._g.f64(n)
-        with np.errstate(over="ignore", invalid="ignore"), _blas().limit(limits=1, user_api="blas"):
+        with np.errstate(over="ignore", invalid="ignore"), blas().limit(limits=1, user_api="blas"):
             ZQ = Q @ L.T
             for start in range(0, len(Q), step):
                 zq = ZQ[start : start + step]  # (m, d)

@@ -78,8 +78,8 @@ def _check_int(value: Any, name: str, lo: int, hi: int) -> int:
 
 
 class HoldoutSettings(Protocol):
-    """What routing needs of a model's configuration (:class:`~service.core.learner.
-    LearnerConfig` has it; a protocol, so this module does not import the learner's)."""
+    """What routing needs of a model's configuration (:class:`~service.core.config.
+    LearnerConfig` has it; a protocol, since the configuration's module imports this one)."""
 
     @property
     def dim(self) -> int: ...
@@ -102,7 +102,7 @@ class HoldoutSettings(Protocol):
 def check_holdout_config(
     holdout: Any, holdout_window: Any, pac_bayes_prefix: Any, pac_bayes_window: Any
 ) -> tuple[float, int, int, int]:
-    """The four held-out settings of :class:`~service.core.learner.LearnerConfig`, validated.
+    """The four held-out settings of :class:`~service.core.config.LearnerConfig`, validated.
 
     ``holdout`` in [0, 0.5] (the fraction of samples routed to the reservoir: at most half,
     the learner must keep learning), ``holdout_window`` in [1, 100000], ``pac_bayes_prefix``
@@ -450,15 +450,9 @@ class Holdout:
             meta["pac_bayes_window"] = window
         return arrays, meta
 
-    def restore(self, arrays: dict[str, Any], meta: dict[str, Any] | None, trained: int) -> None:
-        """Load :meth:`to_state` output; ``meta = None`` (a state saved before held-out
-        routing existed) means nothing was held out and ``trained`` samples were learned."""
+    def restore(self, arrays: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Load :meth:`to_state` output (ValueError if it is inconsistent)."""
         cfg = self.config
-        if meta is None:
-            self.trained = trained
-            if self.tracking and trained >= cfg.pac_bayes_prefix:
-                raise ValueError("state: no PAC-Bayes prior recorded for a model past its prefix")
-            return
         self._routed = int(meta["routed"])
         self._bits.advance(self._routed)  # one 64-bit step per uniform drawn
         self.trained = int(meta["trained"])

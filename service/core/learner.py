@@ -1,4 +1,4 @@
-"""The online learner: one-pass triplets (Sec. III-A) feeding one of five updates.
+"""Learning: one-pass triplets (Sec. III-A) feeding one of five updates.
 
 :class:`Learner` is the object the service runs and checkpoints; the scikit-learn style
 estimators in :mod:`service.core.estimators` wrap it. It is not thread-safe: one writer at a
@@ -22,57 +22,53 @@ Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and g
 
 ``step`` is one field whose values depend on the algorithm: ``"scaled"`` (default) or
 ``"paper"`` for ``opml`` / ``copml``, ``"constant"``, ``"descent"`` (default) or ``"invsqrt"`` for
-the gradient learners (:data:`STEP_VALUES`). The divergence monitor, ``gamma="auto"`` and
-``auto_warmup`` belong to ``opml`` / ``copml``: the gradient learners have their own step
-machinery (the ``descent`` cap, the lazy decay), and :attr:`Learner.health`,
+the gradient learners (:data:`~service.core.config.STEP_VALUES`). The divergence monitor,
+``gamma="auto"`` and ``auto_warmup`` belong to ``opml`` / ``copml``: the gradient learners have
+their own step machinery (the ``descent`` cap, the lazy decay), and :attr:`Learner.health`,
 :attr:`Learner.race` and :attr:`Learner.effective` are ``None`` for them.
 
 Every learner also reports step-mass diagnostics (:meth:`Learner.stability`,
 :mod:`service.core.stability`) and the restricted distance of its metric
 (:meth:`Learner.restricted_squared_distances`).
 
-Why one module of this length: :class:`LearnerConfig` (every algorithm's hyperparameters and
-their cross-field ranges) and :class:`Learner` (the one object the service checkpoints: dispatch
-by algorithm, holdout routing, the step rules' tracks, state format and queries) are the core's
-public surface; the algorithms' kernels live in their own modules.
+The learner's configuration and its checks are :mod:`service.core.config`, its state format
+:mod:`service.core.state`, and the queries of its metric :mod:`service.core.view` (the
+learner answers them with a view of its current ``L``, the one a snapshot holds).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, cast
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 from numba import njit
-from scipy.linalg.blas import dtrmm
-from threadpoolctl import ThreadpoolController
 
-from service.core import steps
+from service.core import state, steps
+from service.core._threads import blas
 from service.core._validation import (
     Array,
-    check_int,
     check_matrix,
     check_metric,
-    check_nonnegative,
-    check_positive,
     check_vector,
     label_key,
     label_keys,
 )
-from service.core.brm import canonical_factor, restricted_root, restricted_squared_norms
 from service.core.calibration import ThresholdCalibrator
 from service.core.certificates import Certificate, Method
+from service.core.config import GRADIENT_ALGORITHMS, Algorithm, LearnerConfig
 from service.core.gradient import CONSTANT, KINDS, STEP_RULES, learn_batch_gradient
-from service.core.holdout import HELD_OUT, Flags, Holdout, check_flags, check_holdout_config
+from service.core.holdout import HELD_OUT, Flags, Holdout, check_flags
+from service.core.normalize import normalize_rows
 from service.core.race import DEFAULT_GAMMA, Race
-from service.core.rehearsal import DEFAULT_MEMORY, Reservoir
+from service.core.rehearsal import Reservoir
 from service.core.stability import Stability, StabilityTracker
 from service.core.tracks import Tracks
 from service.core.update import (
     BOUND,
+    OUTCOMES,
     PASSIVE,
     SGD_UPDATE,
     SHRUNK_UPDATE,
@@ -82,270 +78,14 @@ from service.core.update import (
     StepResults,
     nan_filled,
 )
-from service.core.update import OUTCOMES as OUTCOMES
-
-Algorithm = Literal["opml", "copml", "sgd", "sgd_psd", "brm"]
-StepRule = Literal["constant", "descent", "invsqrt"]
-#: ``step`` of any algorithm: the OPML/COPML unit rules or the gradient learners' schedules.
-Step = steps.Step | StepRule
-Normalize = Literal["none", "l2"]
-
-#: Each algorithm's own hyperparameters and their defaults. A field missing from an
-#: algorithm's row is not used by it: it stays ``None`` and setting it is a ValueError
-#: (``kappa`` belongs to ``step="descent"`` only). ``gamma_pair`` is used by ``copml`` and
-#: ``sgd`` (the cold-start pair step) and kept, unused, by the others. ``opml`` / ``copml``
-#: take ``gamma``, ``gamma_pair`` and ``margin`` from their step rule
-#: (:data:`service.core.steps.DEFAULTS`: scaled ``0.05 / 0.1 / 1``, paper ``1e-3 / 1e-2 / 1``).
-#: Ranges where each update is defined (else ValueError naming the field); those of ``opml`` /
-#: ``copml`` (``gamma``, ``gamma_pair``, ``margin``, ``auto_warmup``, per step rule) are
-#: :mod:`service.core.steps`'s table:
-#:
-#: ========== ==================================================================================
-#: step       ``opml`` / ``copml``: ``"scaled"`` (default) or ``"paper"``
-#:            (:mod:`service.core.steps`); ``sgd``, ``sgd_psd``, ``brm``: ``"constant"``,
-#:            ``"descent"`` (default) or ``"invsqrt"`` (:mod:`service.core.sgd`)
-#: gamma_pair > 0: ``sgd``'s pair step (default 1e-2)
-#: margin     > 0; for ``brm`` (its tau, a gap of ``D_R^2`` in [0, 1)) also < 1
-#: eta        > 0: the gradient step eta_0. Defaults: ``sgd`` ``gamma / 2`` and ``sgd_psd``
-#:            ``2 gamma`` with the paper rule's ``gamma = 1e-3``, the first-order match of
-#:            OPML's step (``L -> L (I - gamma A)``, i.e. ``M -> M - 2 gamma A`` near
-#:            ``M = I``); ``brm`` 0.3, the best of a grid on seed 003's Table 3 protocol
-#:            (``benchmarks/results/learners.md``)
-#: mu         >= 0: smoothing of the loss (0 = hinge); ``sgd``, ``sgd_psd``
-#: kappa      in (0, 0.5]: the descent cap's fraction (1 would collapse a direction of L)
-#: lam        >= 0 with ``2 eta lam < 1`` (and ``gamma_pair lam < 1`` for ``sgd``): the decay
-#:            factor ``1 - 2 eta lam`` stays positive
-#: ========== ==================================================================================
-#: ``rehearsal`` (steps on reservoir samples after each learned sample) and
-#: ``rehearsal_memory`` (the reservoir's size): OPML / COPML only (:mod:`service.core.rehearsal`).
-REHEARSAL_DEFAULTS: dict[str, int] = {"rehearsal": 0, "rehearsal_memory": DEFAULT_MEMORY}
-#: Their ranges: each rehearsal step costs one more step per sample; the reservoir is
-#: ``rehearsal_memory x d`` float64 in memory and in every checkpoint.
-REHEARSAL_RANGES: dict[str, tuple[int, int]] = {
-    "rehearsal": (0, 16),
-    "rehearsal_memory": (1, 100_000),
-}
-ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "opml": {"step": "scaled", "margin": 1.0, "auto_warmup": 1000, **REHEARSAL_DEFAULTS},
-    "copml": {"step": "scaled", "margin": 1.0, "auto_warmup": 1000, **REHEARSAL_DEFAULTS},
-    "sgd": {"step": "descent", "eta": 5e-4, "mu": 0.0, "kappa": 0.5, "lam": 0.0, "margin": 1.0},
-    "sgd_psd": {
-        "step": "descent",
-        "eta": 2e-3,
-        "mu": 0.1,
-        "kappa": 0.5,
-        "lam": 0.0,
-        "margin": 1.0,
-    },
-    "brm": {"step": "descent", "eta": 0.3, "kappa": 0.5, "lam": 0.0, "margin": 0.1},
-}
-GRADIENT_ALGORITHMS = ("sgd", "sgd_psd", "brm")
-#: The ``step`` values each algorithm accepts (the first OPML/COPML, the second the others').
-STEP_VALUES: dict[str, tuple[str, ...]] = {
-    name: steps.STEPS if name in ("opml", "copml") else STEP_RULES for name in ALGORITHM_DEFAULTS
-}
-#: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).
-GRADIENT_GAMMA_PAIR = 1e-2
-
-#: The default of a field whose default depends on the algorithm (``margin``): replaced by
-#: its :data:`ALGORITHM_DEFAULTS` value when the config is made.
-BY_ALGORITHM: Any = None
+from service.core.view import MetricView
 
 #: Outcomes of steps that measured both distances of a triplet (they feed the calibrator).
 _MEASURED = np.zeros(len(OUTCOMES), dtype=bool)
 _MEASURED[[TRIPLET_UPDATE, SHRUNK_UPDATE, PASSIVE, SGD_UPDATE]] = True
 
-#: 2: step rules, scale estimate, divergence monitor, race, tracks (format 1: before them;
-#: still read, OPML/COPML then resume with ``step="paper"``, the rule they ran).
-STATE_FORMAT = 2
-
-
-def _quiet() -> np.errstate:
-    """Enormous query inputs may overflow to inf, an honest answer: no numpy warning."""
-    return np.errstate(over="ignore", invalid="ignore")
-
-
 #: From this dimension on, pinning BLAS to one thread (~12 us) pays for itself in learn_one.
 _THREADED_DIM = 256
-
-#: One-to-many queries go through the gallery in blocks of this many rows, so that a block of
-#: differences and its image stay in the core's L2 cache (one pass over the gallery in memory).
-_QUERY_BLOCK = 1024
-#: ... on one BLAS thread from this many multiply-adds on (a second thread loses more than it
-#: gains on this 2-core machine when the other core is busy; the event loop needs it).
-_PINNED_WORK = 1 << 22
-
-
-@functools.cache
-def _blas() -> ThreadpoolController:
-    """BLAS thread control, made once (enumerating the loaded libraries costs ~0.5 ms)."""
-    return ThreadpoolController()
-
-
-#: Largest model dimension the core accepts (``L`` alone is 8 GiB there).
-MAX_DIM = 32768
-
-
-@dataclass(frozen=True)
-class LearnerConfig:
-    """Hyperparameters of one model, validated on construction.
-
-    ``gamma`` is the OPML/COPML triplet step size (the paper's gamma_2 for COPML),
-    ``gamma_pair`` the cold-start pair step size (gamma_1; for ``sgd`` the step ``s`` of the
-    explicit twin), ``margin`` the hinge margin (Eq. 4). ``step`` is one field whose values
-    depend on the algorithm (:data:`STEP_VALUES`). For ``opml`` / ``copml`` it says in which
-    units ``gamma``, ``gamma_pair`` and ``margin`` are read (:mod:`service.core.steps`):
-    ``"scaled"`` (default) in units of the stream's typical squared difference, so the same
-    values work at any input scale and dimension; ``"paper"`` in the input's units, the paper's
-    literal rule. ``None`` means the rule's default: scaled ``gamma = 0.05``,
-    ``gamma_pair = 0.1``; paper ``gamma = 1e-3`` (the largest step that keeps all ten Table II
-    data sets within the paper's bar, ``benchmarks/results/gamma_grid.md``) and
-    ``gamma_pair = 1e-2``. ``gamma="auto"`` (scaled only) races a grid of step sizes during the
-    first ``auto_warmup`` triplets and keeps the winner (:mod:`service.core.race`). For the
-    gradient learners ``step`` is their schedule (``"constant"``, ``"descent"``, ``"invsqrt"``)
-    and ``eta``, ``mu``, ``kappa``, ``lam`` their hyperparameters: :data:`ALGORITHM_DEFAULTS`
-    (``eta = gamma / 2 = 5e-4`` makes hinge ``sgd`` the first-order twin of OPML under the
-    paper's rule, ``eta = 2 gamma`` does it for ``sgd_psd``). A field left at its default takes
-    the algorithm's value; one the algorithm does not use stays ``None``.
-    ``normalize="l2"`` scales every input (samples and query vectors alike) to unit norm.
-    Every value has a documented range; outside it, ``ValueError`` naming the argument.
-    ``holdout``, ``holdout_window``, ``pac_bayes_prefix`` and ``pac_bayes_window`` configure
-    risk certificates (:mod:`service.core.holdout`). ``rehearsal`` (OPML / COPML; default 0, range
-    0 ... 16) makes every learned sample followed by that many steps on samples drawn from a
-    reservoir of ``rehearsal_memory`` past ones (default 1,000, range 1 ... 100,000): more than one
-    pass over the stream, at ``1 + rehearsal`` times the CPU (:mod:`service.core.rehearsal`).
-
-    >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
-    ('copml', 'scaled', 0.05)
-    >>> LearnerConfig(dim=3, step="paper").gamma
-    0.001
-    >>> LearnerConfig(dim=3, gamma=1e300)
-    Traceback (most recent call last):
-    ...
-    ValueError: gamma: must be in (0, 1], got 1e+300
-    >>> c = LearnerConfig(dim=3, algorithm="brm")
-    >>> c.margin, c.step, c.eta, c.gamma, c.auto_warmup
-    (0.1, 'descent', 0.3, None, None)
-    >>> LearnerConfig(dim=3, algorithm="sgd", gamma=0.1)
-    Traceback (most recent call last):
-    ...
-    ValueError: gamma: not used by algorithm 'sgd'
-    >>> LearnerConfig(dim=3, algorithm="sgd", step="paper")  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: step: must be one of 'constant', 'descent', 'invsqrt' for algorithm 'sgd', ...
-    """
-
-    dim: int
-    algorithm: Algorithm = "copml"
-    gamma: float | Literal["auto"] | None = None
-    gamma_pair: float | None = None
-    margin: float = BY_ALGORITHM
-    normalize: Normalize = "none"
-    seed: int = 0
-    calibration_window: int = 1000
-    step: Step | None = None
-    auto_warmup: int | None = None
-    eta: float | None = None
-    mu: float | None = None
-    kappa: float | None = None
-    lam: float | None = None
-    holdout: float = 0.0
-    holdout_window: int = 5000
-    pac_bayes_prefix: int = 1000
-    pac_bayes_window: int = 0
-    rehearsal: int | None = None
-    rehearsal_memory: int | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "dim", check_int(self.dim, "dim", 1, MAX_DIM))
-        if self.algorithm not in ALGORITHM_DEFAULTS:
-            known = ", ".join(repr(name) for name in ALGORITHM_DEFAULTS)
-            raise ValueError(f"algorithm: must be one of {known}, got {self.algorithm!r}")
-        if self.normalize not in ("none", "l2"):
-            raise ValueError(f"normalize: must be 'none' or 'l2', got {self.normalize!r}")
-        defaults = ALGORITHM_DEFAULTS[self.algorithm]
-        if self.step is not None and self.step not in STEP_VALUES[self.algorithm]:
-            allowed = ", ".join(repr(rule) for rule in STEP_VALUES[self.algorithm])
-            where = f"for algorithm {self.algorithm!r}"
-            raise ValueError(f"step: must be one of {allowed} {where}, got {self.step!r}")
-        if self.algorithm in GRADIENT_ALGORITHMS:
-            self._resolve(defaults)
-        else:
-            self._resolve_opml(defaults)
-        object.__setattr__(self, "seed", check_int(self.seed, "seed", 0, 2**128 - 1))
-        window = check_int(self.calibration_window, "calibration_window", 1, 1_000_000)
-        object.__setattr__(self, "calibration_window", window)
-        names = ("holdout", "holdout_window", "pac_bayes_prefix", "pac_bayes_window")
-        checked = check_holdout_config(*(getattr(self, name) for name in names))
-        for name, value in zip(names, checked, strict=True):
-            object.__setattr__(self, name, value)
-
-    @property
-    def steps_per_sample(self) -> int:
-        """Steps the learner takes per learned sample: ``1 + rehearsal`` (1 without rehearsal
-        and for the gradient learners), what the writer sizes its batches by.
-
-        >>> LearnerConfig(dim=2).steps_per_sample
-        1
-        >>> LearnerConfig(dim=2, rehearsal=2).steps_per_sample
-        3
-        """
-        return 1 + (self.rehearsal or 0)
-
-    def _refuse(self, names: tuple[str, ...], where: str) -> None:
-        for name in names:
-            if getattr(self, name) is not None:
-                raise ValueError(f"{name}: not used by {where}")
-
-    def _resolve_opml(self, defaults: dict[str, Any]) -> None:
-        """OPML / COPML: the step rule's units, defaults and ranges (:mod:`service.core.steps`)."""
-        self._refuse(("eta", "mu", "kappa", "lam"), f"algorithm {self.algorithm!r}")
-        margin = defaults["margin"] if self.margin is BY_ALGORITHM else self.margin
-        step, gamma, gamma_pair, margin = steps.resolve(
-            self.step, self.gamma, self.gamma_pair, margin
-        )
-        object.__setattr__(self, "step", step)
-        object.__setattr__(self, "gamma", gamma)
-        object.__setattr__(self, "gamma_pair", gamma_pair)
-        object.__setattr__(self, "margin", margin)
-        warmup = defaults["auto_warmup"] if self.auto_warmup is None else self.auto_warmup
-        object.__setattr__(self, "auto_warmup", check_int(warmup, "auto_warmup", 10, 100_000))
-        for name, (low, high) in REHEARSAL_RANGES.items():
-            value = defaults[name] if getattr(self, name) is None else getattr(self, name)
-            object.__setattr__(self, name, check_int(value, name, low, high))
-
-    def _resolve(self, defaults: dict[str, Any]) -> None:
-        """The gradient learners: fill the algorithm's defaults, refuse fields it does not use,
-        check the ranges."""
-        algorithm = self.algorithm
-        self._refuse(("auto_warmup",), f"algorithm {algorithm!r} (no gamma='auto')")
-        self._refuse(("rehearsal", "rehearsal_memory"), f"algorithm {algorithm!r}")
-        step = defaults["step"] if self.step is None else self.step
-        object.__setattr__(self, "step", step)
-        pair = GRADIENT_GAMMA_PAIR if self.gamma_pair is None else self.gamma_pair
-        object.__setattr__(self, "gamma_pair", check_positive(pair, "gamma_pair"))
-        for name in ("gamma", "eta", "mu", "kappa", "lam"):
-            value = getattr(self, name)
-            if name not in defaults or (name == "kappa" and step != "descent"):
-                if value is not None:
-                    where = f"step {step!r}" if name == "kappa" else f"algorithm {algorithm!r}"
-                    raise ValueError(f"{name}: not used by {where}")
-                continue
-            value = defaults[name] if value is None else value
-            check = check_positive if name in ("eta", "kappa") else check_nonnegative
-            object.__setattr__(self, name, check(value, name))
-        margin = defaults["margin"] if self.margin is BY_ALGORITHM else self.margin
-        margin = check_positive(margin, "margin")
-        if algorithm == "brm" and margin >= 1.0:
-            raise ValueError(f"margin: must be < 1 for brm (D_R^2 is in [0, 1)), got {margin!r}")
-        object.__setattr__(self, "margin", margin)
-        if self.kappa is not None and self.kappa > 0.5:
-            raise ValueError(f"kappa: must be in (0, 0.5], got {self.kappa!r}")
-        if self.lam and self.eta is not None and 2.0 * self.eta * self.lam >= 1.0:
-            raise ValueError(f"lam: must satisfy 2 eta lam < 1, got lam = {self.lam!r}")
-        if self.lam and algorithm == "sgd" and cast(float, self.gamma_pair) * self.lam >= 1.0:
-            raise ValueError(f"lam: must satisfy gamma_pair lam < 1, got lam = {self.lam!r}")
 
 
 @dataclass
@@ -353,47 +93,6 @@ class _Stats:
     samples_seen: int = 0
     #: Steps by outcome code (indexes :data:`OUTCOMES`).
     outcomes: Any = field(default_factory=lambda: np.zeros(len(OUTCOMES), dtype=np.int64))
-
-
-def normalize_rows(X: Array, how: Normalize) -> Array:
-    """Rows of ``X`` scaled to unit L2 norm (``how="l2"``; a zero row stays zero), else ``X``.
-
-    Overflow-safe: each row is divided by its largest magnitude before its norm is taken.
-    """
-    if how == "none":
-        return X
-    return _unit_rows(X, np.empty(X.shape))
-
-
-def _unit_rows(X: Array, out: Array) -> Array:
-    """``X``'s rows at unit L2 norm, written into ``out`` (:func:`_unit_rows_into`)."""
-    _unit_rows_into(np.ascontiguousarray(X, dtype=np.float64), out)
-    return out
-
-
-@njit(cache=True, nogil=True, error_model="numpy")
-def _unit_rows_into(X: Array, out: Array) -> None:
-    """Row by row, ``y = x / max|x|``, then ``y / ||y||`` into ``out`` (a zero row stays
-    zero). One compiled pass that holds no GIL: in the service this runs in the learner's
-    thread beside a busy event loop, where each of the six NumPy calls it replaces waited for
-    the GIL on its return (a fifth of a batch's time at d = 64)."""
-    n, d = X.shape
-    for i in range(n):
-        scale = 0.0
-        for j in range(d):
-            scale = max(scale, abs(X[i, j]))
-        if scale == 0.0:
-            scale = 1.0
-        total = 0.0
-        for j in range(d):
-            v = X[i, j] / scale
-            out[i, j] = v
-            total += v * v
-        norm = math.sqrt(total)
-        if norm == 0.0:
-            norm = 1.0
-        for j in range(d):
-            out[i, j] = out[i, j] / norm
 
 
 @njit(cache=True, error_model="numpy")
@@ -412,14 +111,6 @@ def _negatives(uniforms: Array, known: Any, slots: Any) -> Any:
             negative += 1
         negatives[t] = negative
     return negatives
-
-
-def _normalized_minus(X: Array, how: Normalize, A: Array, out: Array) -> Array:
-    """``normalize_rows(X, how) - A`` written into ``out``: bit for bit the same operations,
-    without a temporary per step (one allocation fewer per block of a one-to-many query)."""
-    if how == "none":
-        return np.subtract(X, A, out=out)
-    return np.subtract(_unit_rows(X, out), A, out=out)
 
 
 def _tracker(config: LearnerConfig) -> StabilityTracker:
@@ -478,8 +169,7 @@ class Learner:
         # scale * tracks.L for them (1 for OPML/COPML and without decay).
         self._scale = 1.0
         self._served: Array | None = None  # scale * tracks.L when scale != 1 (see _metric)
-        self._R: Array | None = None  # triangular factor of L for one-to-many (see _factor)
-        self._canonical: Array | None = None  # L of the restricted distance (see brm)
+        self._view: MetricView | None = None  # the queries of the current L (see _metric_view)
         self._buffer: Array = np.empty((4, d))
         self._classes: list[str] = []
         self._index: dict[str, int] = {}
@@ -525,7 +215,7 @@ class Learner:
 
     def _changed(self) -> None:
         """``L`` changed: drop what was derived from it."""
-        self._served = self._R = self._canonical = None
+        self._served = self._view = None
 
     @property
     def calibrator(self) -> ThresholdCalibrator:
@@ -714,7 +404,7 @@ class Learner:
         # The step is memory-bound with an inner dimension of 2: one BLAS thread is as fast
         # on an idle machine and several times faster on a busy one. (sgd_psd's
         # eigendecompositions always run on one: the same rounding in learn_one.)
-        with _blas().limit(limits=1, user_api="blas") if pinned else contextlib.nullcontext():
+        with blas().limit(limits=1, user_api="blas") if pinned else contextlib.nullcontext():
             if self._gradient:
                 codes, values = self._run_gradient(rows, slots, known, negatives, fro2)
             elif race is None or not racing:
@@ -894,131 +584,50 @@ class Learner:
             self._metric(), cal, delta, method, threshold, self.version, margin=self.margin
         )
 
-    # -- queries on the current metric (Eqs. 1, 2) -----------------------------------------
+    # -- queries on the current metric (service.core.view) ---------------------------------
 
-    def _prepare(self, X: Any, name: str) -> Array:
-        return normalize_rows(check_matrix(X, self.dim, name), self.config.normalize)
+    def _metric_view(self) -> MetricView:
+        """The queries of the current ``L``, made once per change of ``L`` (it reads the
+        learner's ``L`` in place, so it is dropped when ``L`` changes: a snapshot makes its
+        own from a copy)."""
+        view = self._view
+        if view is None:
+            view = self._view = MetricView(self._metric(), self.config, check=False)
+        return view
 
     def squared_distance(self, a: Any, b: Any) -> float:
         """``||L(a - b)||^2`` (Eq. 2)."""
-        d = self.dim
-        X = np.empty((2, d))
-        X[0] = check_vector(a, d, "a")
-        X[1] = check_vector(b, d, "b")
-        X = normalize_rows(X, self.config.normalize)  # row by row: as for each one alone
-        with _quiet():  # enormous inputs may overflow to inf: an honest answer
-            z = self._metric() @ (X[0] - X[1])
-            return float(z @ z)
+        return self._metric_view().squared_distance(a, b)
 
     def distance(self, a: Any, b: Any) -> float:
         """``sqrt((a - b)^T M (a - b))`` with ``M = L^T L`` (Eq. 1)."""
-        return math.sqrt(self.squared_distance(a, b))
+        return self._metric_view().distance(a, b)
 
     def squared_distances(self, a: Any, B: Any) -> Array:
-        """``||L(a - b_i)||^2`` for every row ``b_i`` of ``B`` (one to many).
-
-        The gallery is processed in blocks of :data:`_QUERY_BLOCK` rows (normalise, subtract
-        ``a``, map, square-sum while the block is in cache). A large gallery (at least 4d rows)
-        is mapped by ``R``, the triangular factor of ``L = QR`` (``||L x|| = ||R x||``, ``Q``
-        orthogonal): a triangular product (BLAS ``dtrmm``) is half the multiply-adds of
-        ``x L^T``. ``R`` is computed once per ``L`` (O(d^3), amortised over those 4d rows and
-        kept for the next query). Both ways agree to rounding (~1e-15 relative).
-        """
-        d = self.dim
-        A = self._prepare(np.atleast_2d(check_vector(a, d, "a")), "a")
-        Bs = check_matrix(B, d, "b")
-        n = len(Bs)
-        out: Array = np.empty(n)
-        R = self._factor() if n >= 4 * d else None
-        block = min(n, _QUERY_BLOCK)
-        diff = np.empty((block, d))
-        image = np.empty((block, d)) if R is None else diff
-        LT = self._metric().T
-        pinned = _blas().limit(limits=1, user_api="blas") if n * d * d >= _PINNED_WORK else None
-        with _quiet(), pinned or contextlib.nullcontext():
-            for start in range(0, n, block):
-                rows = Bs[start : start + block]
-                k = len(rows)
-                D = _normalized_minus(rows, self.config.normalize, A, diff[:k])
-                if R is None:
-                    Z = np.matmul(D, LT, out=image[:k])
-                    out[start : start + k] = np.einsum("ij,ij->i", Z, Z)
-                else:  # in place on D^T (Fortran order): Z^T = R D^T
-                    ZT = dtrmm(1.0, R, D.T, side=0, lower=0, trans_a=0, diag=0, overwrite_b=1)
-                    out[start : start + k] = np.einsum("ij,ij->j", ZT, ZT)
-        return out
-
-    def _factor(self) -> Array:
-        """``R`` of ``L = QR`` (upper triangular, Fortran order for BLAS), cached until ``L``
-        changes. Concurrent readers of an unchanging ``L`` may both compute it: harmless."""
-        R = self._R
-        if R is None:
-            R = self._R = np.asfortranarray(np.linalg.qr(self._metric(), mode="r"))
-        return R
+        """``||L(a - b_i)||^2`` for every row ``b_i`` of ``B`` (one to many;
+        :meth:`MetricView.squared_distances`)."""
+        return self._metric_view().squared_distances(a, B)
 
     def transform(self, X: Any) -> Array:
         """``X L^T``: rows mapped into the learned space (Euclidean there = Eq. 1 here)."""
-        with _quiet():
-            out: Array = self._prepare(X, "X") @ self._metric().T
-        return out
-
-    # -- the restricted distance (seed 003, service.core.brm) --------------------------------
-
-    def _restricted_factor(self) -> Array:
-        """``brm``: its own ``L``; any other metric: the canonical factor of ``M`` (3.2),
-        computed once per ``L`` (O(d^3))."""
-        if self.config.algorithm == "brm":
-            return self._metric()
-        if self._canonical is None:
-            self._canonical = canonical_factor(self._metric())
-        return self._canonical
+        return self._metric_view().transform(X)
 
     def restricted_squared_distances(self, a: Any, B: Any) -> Array:
-        """``D_R^2(a, b_i)`` in [0, 1) for every row ``b_i`` of ``B`` (seed 003 Eq. 7, Sigmoid,
-        ``p = 2``): ``(1/d) sum_j tanh(|z_j| / 2)^2`` with ``z = L_R (a - b_i)``, ``L_R`` the
-        learner's own ``L`` for ``brm`` and the canonical factor of ``M`` otherwise.
-
-        Never NaN: each difference is scaled by its largest entry before it is mapped, so a
-        coordinate beyond float64 is ``inf`` and saturates (``R = 1``).
-        """
-        d = self.dim
-        A = self._prepare(np.atleast_2d(check_vector(a, d, "a")), "a")
-        return self._restricted(A, self._prepare(check_matrix(B, d, "b"), "b"))
+        """``D_R^2(a, b_i)`` in [0, 1) for every row ``b_i`` of ``B`` (seed 003 Eq. 7;
+        :meth:`MetricView.restricted_squared_distances`)."""
+        return self._metric_view().restricted_squared_distances(a, B)
 
     def restricted_squared_pairs(self, A: Any, B: Any) -> Array:
         """``D_R^2(a_i, b_i)`` for the row pairs of ``A`` and ``B`` (same shape)."""
-        As = self._prepare(A, "A")
-        Bs = self._prepare(B, "B")
-        if As.shape != Bs.shape:
-            raise ValueError(f"B: expected shape {As.shape} (as A), got {Bs.shape}")
-        return self._restricted(As, Bs)
-
-    def _restricted(self, A: Array, B: Array) -> Array:
-        """``D_R^2`` of the rows of ``B`` against ``A`` (one row, or one per row of ``B``), in
-        blocks of :data:`_QUERY_BLOCK` rows that stay in cache."""
-        LT = self._restricted_factor().T
-        out: Array = np.empty(len(B))
-        with _quiet():
-            for start in range(0, len(B), _QUERY_BLOCK):
-                rows = slice(start, start + _QUERY_BLOCK)
-                half = 0.5 * B[rows] - 0.5 * (A if len(A) == 1 else A[rows])  # never overflows
-                top = np.abs(half).max(axis=1, keepdims=True)
-                top[top == 0.0] = 1.0
-                Z = np.abs(np.divide(half, top, out=half) @ LT)
-                Z *= top  # finite or inf, never inf * 0
-                Z *= 2.0
-                out[rows] = restricted_squared_norms(Z)
-        return out
+        return self._metric_view().restricted_squared_pairs(A, B)
 
     def restricted_squared_distance(self, a: Any, b: Any) -> float:
-        """``D_R^2(a, b)`` in [0, 1) (see :meth:`restricted_squared_distances`)."""
-        row = check_vector(b, self.dim, "b")[None, :]
-        return float(self.restricted_squared_distances(a, row)[0])
+        """``D_R^2(a, b)`` in [0, 1)."""
+        return self._metric_view().restricted_squared_distance(a, b)
 
     def restricted_distance(self, a: Any, b: Any) -> float:
-        """``D_R(a, b)`` in [0, 1) (seed 003 Eq. 7; a saturated distance reads as the largest
-        double below 1)."""
-        return float(restricted_root(self.restricted_squared_distance(a, b)))
+        """``D_R(a, b)`` in [0, 1) (seed 003 Eq. 7)."""
+        return self._metric_view().restricted_distance(a, b)
 
     # -- diagnostics -----------------------------------------------------------------------
 
@@ -1026,129 +635,18 @@ class Learner:
         """Step-mass stability diagnostics (:mod:`service.core.stability`); not a bound."""
         return self._stability.report(self.n_classes)
 
-    # -- state -----------------------------------------------------------------------------
+    # -- state (service.core.state) --------------------------------------------------------
 
     def to_state(self) -> tuple[dict[str, Array], dict[str, Any]]:
-        """Arrays and JSON-safe metadata holding everything needed to resume exactly.
-
-        Arrays: ``L`` (the served track's; for ``sgd`` / ``brm`` the stored factor: the served
-        ``L`` is ``meta["scale"]`` times it, their lazy decay, 1 for every other algorithm and
-        without decay), ``buffer`` (H, one row per class) and ``calibration`` (its threshold
-        window); while a ``gamma="auto"`` race runs, also ``tracks_L`` and
-        ``tracks_calibration`` (every candidate's) and ``race_pairs`` (the current rung's
-        measurements); with ``rehearsal > 0``, ``rehearsal_rows`` and ``rehearsal_slots`` (the
-        reservoir). A store must keep every array it is given.
-        """
-        rng = self._rng.bit_generator.state
-        track_arrays, track_meta = self._tracks.to_state()
-        arrays = {"buffer": self._buffer[: len(self._classes)].copy(), **track_arrays}
-        meta: dict[str, Any] = {
-            "format": STATE_FORMAT,
-            "config": asdict(self.config),
-            "classes": list(self._classes),
-            "rng": {
-                "bit_generator": rng["bit_generator"],
-                "state": str(rng["state"]["state"]),
-                "inc": str(rng["state"]["inc"]),
-                "has_uint32": int(rng["has_uint32"]),
-                "uinteger": int(rng["uinteger"]),
-            },
-            "samples_seen": self._stats.samples_seen,
-            "outcomes": {k: v for k, v in self.counts.items() if v},
-            "scale": self._scale,
-            "stability": self._stability.to_state(len(self._classes)),
-            "stream": self._stream.tolist(),  # floats survive JSON exactly (repr round-trips)
-            "tracks": track_meta,
-            "race": None,
-        }
-        if self._race is not None:
-            pairs, meta["race"] = self._race.to_state()
-            if not self._race.done:
-                arrays["race_pairs"] = pairs
-        held_arrays, meta["holdout"] = self.holdout.to_state()
-        arrays.update(held_arrays)
-        if self._reservoir is not None:
-            rehearsal_arrays, meta["rehearsal"] = self._reservoir.to_state()
-            arrays.update(rehearsal_arrays)
-        return arrays, meta
+        """Arrays and JSON-safe metadata holding everything needed to resume exactly (the
+        format: :mod:`service.core.state`). A store must keep every array it is given."""
+        return state.dump(self)
 
     @classmethod
     def from_state(cls, arrays: dict[str, Array], meta: dict[str, Any]) -> Learner:
-        """Rebuild a learner from :meth:`to_state` output; ValueError if it is inconsistent.
-
-        Format 1 (before step rules existed) resumes OPML / COPML as ``step="paper"``, the
-        rule it ran (the gradient learners keep their own ``step``).
-        """
-        fmt = meta.get("format")
-        if fmt not in (1, STATE_FORMAT):
-            raise ValueError(f"state: unsupported format {fmt!r}")
-        config = dict(meta["config"])
-        if fmt == 1:
-            config = legacy_config(config)
-        learner = cls(LearnerConfig(**config))
-        d = learner.dim
-        L = np.array(check_metric(arrays["L"], d, "L"), dtype=np.float64, order="C")
-        if fmt == 1:
-            learner.set_metric(L)
-            learner._tracks.calibrators = [
-                ThresholdCalibrator.from_state(arrays["calibration"], meta["calibration"])
-            ]
-        else:
-            learner._tracks = Tracks.from_state(arrays, meta["tracks"], L, d)
-            stream = np.array(meta["stream"], dtype=np.float64)
-            if stream.shape != (2,) or not np.isfinite(stream).all() or (stream < 0).any():
-                raise ValueError("state: stream scale is not two finite numbers >= 0")
-            learner._stream = stream
-            if (meta["race"] is None) != (learner._race is None):
-                raise ValueError("state: race state does not match gamma")
-            if meta["race"] is not None:
-                pairs = arrays.get("race_pairs", np.empty((0, 0, 2)))
-                learner._race = Race.from_state(pairs, meta["race"])
-                race = learner._race
-                if race.started and not race.done and len(race.alive) != len(learner._tracks):
-                    raise ValueError("state: race candidates and tracks do not match")
-        classes = [str(k) for k in meta["classes"]]
-        buffer = check_matrix(np.asarray(arrays["buffer"]).reshape(-1, d), d, "buffer")
-        if len(buffer) != len(classes) or len(set(classes)) != len(classes):
-            raise ValueError("state: buffer rows and classes do not match")
-        for key, row in zip(classes, buffer, strict=True):
-            learner._remember(key, row)
-        if (meta.get("rehearsal") is None) != (learner._reservoir is None):
-            raise ValueError("state: rehearsal reservoir does not match rehearsal")
-        if learner._reservoir is not None:
-            learner._reservoir.restore(arrays, meta["rehearsal"], len(classes))
-        rng = meta["rng"]
-        learner._rng.bit_generator.state = {
-            "bit_generator": rng["bit_generator"],
-            "state": {"state": int(rng["state"]), "inc": int(rng["inc"])},
-            "has_uint32": int(rng["has_uint32"]),
-            "uinteger": int(rng["uinteger"]),
-        }
-        learner._stats.samples_seen = int(meta["samples_seen"])
-        for name, count in meta["outcomes"].items():
-            learner._stats.outcomes[OUTCOMES.index(name)] = int(count)
-        learner._scale = check_positive(meta.get("scale", 1.0), "scale")
-        learner._stability.restore(meta.get("stability"), len(classes))
-        learner.holdout.restore(arrays, meta.get("holdout"), learner._stats.samples_seen)
-        return learner
-
-
-def legacy_config(config: dict[str, Any]) -> dict[str, Any]:
-    """A config stored before step rules existed, as :class:`LearnerConfig` reads it now:
-    OPML / COPML ran the paper's rule (``step`` absent or ``None``), so they keep it; the
-    gradient learners' ``step`` is theirs already.
-
-    >>> legacy_config({"dim": 2, "algorithm": "opml", "gamma": 0.001, "step": None})["step"]
-    'paper'
-    >>> legacy_config({"dim": 2})["step"]
-    'paper'
-    >>> legacy_config({"dim": 2, "algorithm": "sgd", "step": "invsqrt"})["step"]
-    'invsqrt'
-    """
-    out = dict(config)
-    if out.get("algorithm", "copml") not in GRADIENT_ALGORITHMS and out.get("step") is None:
-        out["step"] = "paper"
-    return out
+        """Rebuild a learner from :meth:`to_state` output; ValueError if it is in another
+        format, incomplete or inconsistent."""
+        return state.load(cls, arrays, meta)
 
 
 def warm_up() -> None:

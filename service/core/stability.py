@@ -262,12 +262,9 @@ class StabilityTracker:
             **dict(zip(_TOTALS, self._totals.tolist(), strict=True)),
         }
 
-    def restore(self, state: dict[str, Any] | None, n_classes: int) -> None:
-        """Inverse of :meth:`to_state`; ``None`` (a checkpoint older than the diagnostics)
-        starts every mass at 0."""
+    def restore(self, state: dict[str, Any], n_classes: int) -> None:
+        """Inverse of :meth:`to_state` (ValueError if it does not match ``n_classes``)."""
         self.reserve(n_classes)
-        if state is None:
-            return
         masses = np.asarray(state["masses"], dtype=np.float64)
         if masses.shape != (n_classes,):
             raise ValueError("stability: masses and classes do not match")

@@ -6,7 +6,7 @@ in the input's own units, the paper's literal rule (derivation and invariance:
 :mod:`service.core.update`). ``gamma="auto"`` races :data:`service.core.race.GRID`
 (:mod:`service.core.race`). These are the ``step`` values of ``opml`` / ``copml``; the same field
 takes the gradient learners' schedules for ``sgd``, ``sgd_psd`` and ``brm``
-(:data:`service.core.learner.STEP_VALUES`, :mod:`service.core.sgd`).
+(:data:`service.core.config.STEP_VALUES`, :mod:`service.core.sgd`).
 
 Ranges (refused outside, ``ValueError`` naming the argument; ``(low, high]``):
 

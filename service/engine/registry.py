@@ -43,7 +43,7 @@ from redis.exceptions import RedisError
 
 from service import telemetry
 from service.config import Settings
-from service.core import LearnerConfig, legacy_config
+from service.core import LearnerConfig
 from service.engine.membership import Membership
 from service.engine.runtime import ModelRuntime
 from service.engine.tasks import stop_task, wait_event
@@ -185,7 +185,6 @@ class Registry:
         if meta is None:  # being created (or a create that died): not a model (yet)
             return None
         config = json.loads(meta["config"])
-        config = legacy_config(config)  # stored before step rules: the rule it was made with
         runtime = self._runtime(name, LearnerConfig(**config), float(meta.get("created_at", 0.0)))
         self.runtimes[name] = runtime
         self._placed += 1

@@ -80,7 +80,7 @@ def fingerprint(x: bytes, keys: list[str], holdout: Flags | None = None) -> str:
     """
     h = hashlib.sha256(x)
     h.update("\x00".join(keys).encode())
-    if holdout is not None:  # absent: the digest of samples logged before flags existed
+    if holdout is not None:  # None: nothing flagged, the entry has no ``h`` field
         h.update(b"\x00holdout" + encode_flags(holdout))
     return h.hexdigest()[:32]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from service.core import Calibration, Learner, LearnerConfig, Stability
+from service.core import Calibration, Learner, LearnerConfig, MetricView, Stability
 from service.core._validation import Array
 from service.core.calibration import ThresholdCalibrator, in_order
 from service.engine.tasks import wait_event
@@ -40,7 +40,7 @@ class ModelClosed(Exception):
 class Snapshot:
     """An immutable view of a model after some applied log prefix.
 
-    ``metric`` is a private :class:`Learner` holding only a copy of ``L``; the queries call its
+    ``metric`` is a :class:`~service.core.MetricView` of a copy of ``L``; the queries call its
     methods, so their arithmetic is the core's own. ``frobenius_norm`` (``||L||_F``, O(d^2) on
     that copy) and ``hinge_loss`` (mean hinge of the calibration window, at the current margin
     in input units) are for telemetry. ``margin`` is the learner's margin in input units (the
@@ -54,7 +54,7 @@ class Snapshot:
     ``metric``, ``calibration``, ``frobenius_norm`` and ``hinge_loss``
     are made when first read, from the copies of ``L`` and of the calibration window (as the
     learner's ring holds it) taken here: the writer publishes a snapshot after every batch, and
-    with one sample per request most are never read, while building them (a learner, sorting
+    with one sample per request most are never read, while building them (checking L, sorting
     the window for the EER) costs more than learning the sample.
 
     >>> from service.core import LearnerConfig
@@ -115,11 +115,9 @@ class Snapshot:
         return float(hinge.mean()) if len(hinge) else None
 
     @cached_property
-    def metric(self) -> Learner:
-        """A learner holding this snapshot's ``L`` (for the queries)."""
-        metric = Learner(self.config)
-        metric.set_metric(self.L)
-        return metric
+    def metric(self) -> MetricView:
+        """The queries of this snapshot's ``L``."""
+        return MetricView(self.L, self.config)
 
     @cached_property
     def calibration(self) -> Calibration:

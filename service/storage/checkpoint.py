@@ -84,7 +84,7 @@ def encode(
 def decode(ckpt: dict[str, bytes], buffer: dict[str, bytes], dim: int) -> Restored:
     """The learner and position of a checkpoint (ValueError if the fields are inconsistent)."""
     meta: dict[str, Any] = json.loads(ckpt[META])
-    shapes: dict[str, list[int]] = meta.get("arrays") or {"L": [dim, dim], "calibration": [-1, 2]}
+    shapes: dict[str, list[int]] = meta["arrays"]
     arrays = {}
     for name, shape in shapes.items():
         raw = ckpt[name]
@@ -101,6 +101,6 @@ def decode(ckpt: dict[str, bytes], buffer: dict[str, bytes], dim: int) -> Restor
         learner=learner,
         seq=int(meta["seq"]),
         applied=(int(meta["applied"][0]), int(meta["applied"][1])),
-        metric_puts=int(meta.get("metric_puts", 0)),
+        metric_puts=int(meta["metric_puts"]),
         time=float(meta["time"]),
     )

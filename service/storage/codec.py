@@ -6,9 +6,8 @@ Vectors, ``L`` and the calibration window are stored as raw little-endian float6
 The ingestion log is a Redis Stream. One entry holds the samples of one request or WebSocket
 frame, so Redis and the writer pay per frame, not per sample: fields ``n`` (the count), ``x``
 (the (n, d) block, row-major :data:`DTYPE` bytes) and ``y`` (the n class keys, a JSON array).
-Its id encodes the seq of its LAST sample: samples ``s-n+1 .. s`` are entry ``s-1``. (An entry
-without ``n`` is one sample whose ``y`` is the bare key: the layout of earlier versions, still
-read.) A metric replacement (``PUT metric``) logged after sample ``s`` is ``s-k`` with
+Its id encodes the seq of its LAST sample: samples ``s-n+1 .. s`` are entry ``s-1``. A metric
+replacement (``PUT metric``) logged after sample ``s`` is ``s-k`` with
 ``k >= 2``, so it sorts after the entry ending at ``s`` and before the next one, without
 consuming a seq. "Has seq ``s`` been applied?" is then "is the applied position ``>= s-1``?".
 An entry some of whose samples the caller flagged ``holdout`` has a field ``h``: one ASCII
@@ -25,9 +24,6 @@ An entry some of whose samples the caller flagged ``holdout`` has a field ``h``:
 >>> X, keys = decode_entry({b"n": b"2", b"x": encode_vector(np.eye(2)), b"y": b'["a","b"]'}, 2)
 >>> X.tolist(), keys
 ([[1.0, 0.0], [0.0, 1.0]], ['a', 'b'])
->>> X, keys = decode_entry({b"x": encode_vector(np.ones(2)), b"y": b"a"}, 2)  # earlier layout
->>> X.tolist(), keys
-([[1.0, 1.0]], ['a'])
 
 A gallery item (the hash ``opml:{name}:gallery``, field = the item's key) is ``uint32 LE
 header length | JSON {"id", "y"} | d float64 values``: its id and label as enrolled (an integer
@@ -98,9 +94,7 @@ def decode_labels(raw: bytes) -> list[str]:
 
 
 def decode_entry(fields: dict[bytes, bytes], d: int) -> tuple[Array, list[str]]:
-    """The (n, d) samples and n class keys of a sample entry of the log (either layout)."""
-    if b"n" not in fields:  # one sample per entry (earlier versions)
-        return decode_vector(fields[b"x"], d).reshape(1, d), [fields[b"y"].decode()]
+    """The (n, d) samples and n class keys of a sample entry of the log."""
     n = int(fields[b"n"])
     keys = decode_labels(fields[b"y"])
     if len(keys) != n:

@@ -193,20 +193,6 @@ def test_resume_gives_the_same_reservoir_window_prior_and_L(seed: int) -> None:
     assert resumed.certificate() == whole.certificate()
 
 
-def test_state_without_holdout_metadata_loads_as_nothing_held_out() -> None:
-    X, y = stream(200, 3, 3)
-    learner = Learner(LearnerConfig(dim=3))
-    learner.learn_many(X, y)
-    arrays, meta = learner.to_state()
-    del meta["holdout"]  # a checkpoint written before held-out routing existed
-    config = dict(meta["config"])
-    for name in ("holdout", "holdout_window", "pac_bayes_prefix", "pac_bayes_window"):
-        del config[name]
-    resumed = Learner.from_state(arrays, {**meta, "config": config})
-    assert resumed.holdout.trained == 200
-    assert np.array_equal(resumed.L, learner.L)
-
-
 def test_inconsistent_holdout_state_is_refused() -> None:
     X, y = stream(400, 3, 3)
     learner = Learner(LearnerConfig(dim=3, holdout=0.3, pac_bayes_prefix=100, pac_bayes_window=50))

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.core import OUTCOMES, Learner, LearnerConfig
-from service.core.learner import GRADIENT_ALGORITHMS
+from service.core.config import GRADIENT_ALGORITHMS
 
 SCALES = [1e-150, 1e-8, 1.0, 1e4, 1e100, 1e150, 1e300]
 

@@ -1,6 +1,5 @@
 """The checkpoint record (``service/storage/checkpoint.py``), without Redis: a learner encoded to
-its hash fields and decoded back resumes bit-identically, and a checkpoint written in the
-earlier layout (no ``arrays`` in its metadata) still loads."""
+its hash fields and decoded back resumes bit-identically."""
 
 from __future__ import annotations
 
@@ -38,19 +37,6 @@ def test_a_decoded_checkpoint_resumes_bit_identically(algorithm: str) -> None:
     np.testing.assert_array_equal(restored.learner.L, straight.L)
     assert restored.learner.counts == straight.counts
     assert restored.learner.calibrator.calibration() == straight.calibrator.calibration()
-
-
-def test_the_earlier_layout_still_loads() -> None:
-    X, y = stream(80, 3, 3, seed=2)
-    learner = Learner(LearnerConfig(dim=3, seed=1))
-    learner.learn_many(X, y)
-    ckpt, buffer = checkpoint.encode(learner, applied=(80, 1), metric_puts=0, time=1.0)
-    meta = json.loads(ckpt["meta"])
-    del meta["arrays"]  # what checkpoints written before the record module hold
-    ckpt["meta"] = json.dumps(meta).encode()
-    restored = checkpoint.decode(ckpt, buffer, dim=3)
-    np.testing.assert_array_equal(restored.learner.L, learner.L)
-    assert restored.learner.classes == learner.classes
 
 
 def test_arrays_are_stored_as_little_endian_float64() -> None:

@@ -220,30 +220,3 @@ def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
     assert_same_state(tripped, tripped_metric, core_learner(1000 * X, y, **paper))
     assert rehearsed["version"] == 900
     assert_same_state(rehearsed, rehearsed_metric, core_learner(X, y, **rehearsing))
-
-
-@pytest.mark.parametrize("stored_step", ["absent", None])
-def test_a_model_stored_before_step_rules_reloads_with_the_papers_rule(
-    tmp_path: Path, own_redis: RedisServer, launch: Launch, stored_step: str | None
-) -> None:
-    X, y = stream(300, 4, 3, seed=9)
-    svc = launch(tmp_path, own_redis.url).start()
-    with svc.client() as api:
-        make_model(api, "old", 4, step="paper", gamma=0.002, seed=1)
-    svc.stop()
-    # what an older service stored: the config without "step" (that service ran the paper's
-    # rule), or with "step": null (a service whose step field was the gradient learners' only)
-    store = redis.Redis.from_url(own_redis.url)
-    config = json.loads(store.hget("opml:{old}:meta", "config") or b"{}")
-    assert config.pop("step") == "paper" and config.pop("auto_warmup") == 1000
-    if stored_step is None:
-        config["step"] = None
-    store.hset("opml:{old}:meta", "config", json.dumps(config))
-    svc.start()
-    with svc.client() as api:
-        learn(api, "old", X, y)
-        model = api.get("/v1/models/old").json()
-        metric = api.get("/v1/models/old/metric").json()
-    svc.stop()
-    assert (model["step"], model["gamma"]) == ("paper", 0.002)
-    assert_same_state(model, metric, core_learner(X, y, dim=4, step="paper", gamma=0.002, seed=1))
