@@ -89,6 +89,7 @@ BY_ALGORITHM: Any = None
 #: Largest model dimension the core accepts (``L`` alone is 8 GiB there).
 MAX_DIM = 32768
 
+
 @dataclass(frozen=True)
 class LearnerConfig:
     """Hyperparameters of one model, validated on construction.

@@ -26,26 +26,64 @@ round-trips).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from service.core._validation import Array, check_matrix, check_metric, check_positive
 from service.core.config import LearnerConfig
+from service.core.holdout import Holdout
 from service.core.race import Race
+from service.core.rehearsal import Reservoir
+from service.core.stability import StabilityTracker
 from service.core.tracks import Tracks
 from service.core.update import OUTCOMES
-
-if TYPE_CHECKING:
-    from service.core.learner import Learner
 
 #: The layout of :func:`dump` (2: step rules, scale estimate, divergence monitor, race and
 #: tracks are part of it).
 STATE_FORMAT = 2
 
 
-def dump(learner: Learner) -> tuple[dict[str, Array], dict[str, Any]]:
+class _Counters(Protocol):
+    samples_seen: int
+    outcomes: Any  # int64 steps by outcome code (indexes OUTCOMES)
+
+
+class Resumable(Protocol):
+    """What the state holds of a learner: the fields :func:`dump` reads and :func:`load` sets
+    (:class:`~service.core.learner.Learner`'s; a protocol, since the learner's module imports
+    this one)."""
+
+    config: LearnerConfig
+    holdout: Holdout
+    _rng: np.random.Generator
+    _buffer: Array
+    _classes: list[str]
+    _scale: float
+    _stability: StabilityTracker
+    _stream: Array
+    _tracks: Tracks
+    _race: Race | None
+    _reservoir: Reservoir | None
+
+    @property
+    def _stats(self) -> _Counters: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def counts(self) -> dict[str, int]: ...
+
+    def _remember(self, key: str, x: Array) -> None: ...
+
+
+R = TypeVar("R", bound=Resumable)
+
+
+def dump(learner: Resumable) -> tuple[dict[str, Array], dict[str, Any]]:
     """Arrays and JSON-safe metadata holding everything needed to resume ``learner`` exactly."""
     rng = learner._rng.bit_generator.state
     n_classes = len(learner._classes)
@@ -82,7 +120,7 @@ def dump(learner: Learner) -> tuple[dict[str, Array], dict[str, Any]]:
     return arrays, meta
 
 
-def load(cls: type[Learner], arrays: dict[str, Array], meta: dict[str, Any]) -> Learner:
+def load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dict[str, Any]) -> R:
     """A ``cls`` learner rebuilt from :func:`dump` output; ValueError if the state is not in
     :data:`STATE_FORMAT`, incomplete or inconsistent."""
     fmt = meta.get("format")
@@ -94,7 +132,7 @@ def load(cls: type[Learner], arrays: dict[str, Array], meta: dict[str, Any]) -> 
         raise ValueError(f"state: no {missing.args[0]!r}") from None
 
 
-def _load(cls: type[Learner], arrays: dict[str, Array], meta: dict[str, Any]) -> Learner:
+def _load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dict[str, Any]) -> R:
     learner = cls(LearnerConfig(**meta["config"]))
     d = learner.dim
     L = np.array(check_metric(arrays["L"], d, "L"), dtype=np.float64, order="C")
