@@ -13,8 +13,9 @@ Protocol (per data set, per split s = 0..S-1; issue 16's benchmark):
    at ``delta = 0.05`` with ``method="binomial"`` and ``"kl"``, at the served threshold (the
    calibrated EER threshold of the training stream);
 3. the **test rates** of the same frozen ``L`` and threshold on the unseen test half: tuples
-   built exactly as the certificate builds them (:func:`service.core.certificates.build_tuples`,
-   errors by :func:`~service.core.certificates.tuple_errors`: triplets ``d(a, p) >= d(a, n)``,
+   built exactly as the certificate builds them
+   (:func:`service.core.certificates.tuples.build_tuples`, errors by
+   :func:`~service.core.certificates.held_out.tuple_errors`: triplets ``d(a, p) >= d(a, n)``,
    negative pairs ``d <= theta``, positive pairs ``d > theta``), averaged over
    ``--test-draws`` independent tuple draws of the test half (each draw is an unbiased
    estimate of the same class-mix-averaged rate; averaging only lowers its noise);
@@ -29,8 +30,9 @@ Protocol (per data set, per split s = 0..S-1; issue 16's benchmark):
 6. **PAC-Bayes** (``--pac-bayes`` sets, ``rho = 0``): ``pac_bayes_prefix`` = 20 % of the
    training half (seed 001's prior share), ``pac_bayes_window`` = the rest, the certificate of
    the Gibbs metric and its exact Gibbs test rates on the test tuples at the certificate's
-   sigma and grid thresholds (:func:`~service.core.certificates.gibbs_triplet_error`,
-   :func:`~service.core.certificates.gibbs_accept`); the served metric's test rates beside.
+   sigma and grid thresholds (:func:`~service.core.certificates.pac_bayes.gibbs_triplet_error`,
+   :func:`~service.core.certificates.pac_bayes.gibbs_accept`); the served metric's test rates
+   beside.
 
 Data: the Table II sets that load (``benchmarks/datasets.py``; ``bash benchmarks/get_data.sh``),
 scikit-learn's digits, and ``waveform-100k``: Breiman's generator at n = 100,000 (seed 0), the
@@ -78,14 +80,10 @@ from benchmarks.datasets import (
     present,
 )
 from service.core import Learner, LearnerConfig, NotEnoughHeldOut, normalize_rows
-from service.core.certificates import (
-    QUANTITIES,
-    Method,
-    build_tuples,
-    gibbs_accept,
-    gibbs_triplet_error,
-    tuple_errors,
-)
+from service.core.certificates import QUANTITIES, Method
+from service.core.certificates.held_out import tuple_errors
+from service.core.certificates.pac_bayes import gibbs_accept, gibbs_triplet_error
+from service.core.certificates.tuples import build_tuples
 from service.core.holdout import HELD_OUT, MAX_WINDOW
 
 DATASETS = (*LOADERS, "digits", "waveform-100k")

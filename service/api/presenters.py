@@ -16,8 +16,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from service.core.calibration import MIN_PAIRS
-from service.core.certificates import served_threshold
+from service.core.calibration import MIN_PAIRS, served_threshold
 from service.engine.snapshot import Snapshot
 from service.engine.status import ModelStatus
 
@@ -114,7 +113,7 @@ def event_frame(status: ModelStatus) -> dict[str, Any]:
 
 def verify_threshold(snap: Snapshot, given: float | None) -> tuple[float, str]:
     """The threshold a verify uses and where it came from: the core's rule (the one
-    certificates certify by default, :func:`service.core.certificates.served_threshold`; its
+    certificates certify by default, :func:`service.core.calibration.served_threshold`; its
     margin fallback in input units, :attr:`service.core.Learner.margin`)."""
     return served_threshold(snap.calibration, snap.margin, given)
 

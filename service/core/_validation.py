@@ -197,3 +197,22 @@ def check_int(value: Any, name: str, low: int, high: int) -> int:
     if not low <= out <= high:
         raise ValueError(f"{name}: must be in [{low}, {high}], got {out}")
     return out
+
+
+def check_threshold(value: Any) -> float:
+    """A verification threshold: a finite number >= 0 (a squared distance).
+
+    >>> check_threshold(2), check_threshold(0.5)
+    (2.0, 0.5)
+    >>> check_threshold(float("inf"))
+    Traceback (most recent call last):
+    ...
+    ValueError: threshold: must be a finite number >= 0, got inf
+    """
+    try:
+        theta = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"threshold: must be a number, got {value!r}") from None
+    if isinstance(value, bool) or not math.isfinite(theta) or theta < 0.0:
+        raise ValueError(f"threshold: must be a finite number >= 0, got {value!r}")
+    return theta

@@ -4,6 +4,10 @@ Before every triplet step the learner measures, with the metric as it then is, t
 distance of a positive pair ``(x_t, x_p)`` and of a negative pair ``(x_t, x_q)``. Those are
 honest held-out measurements (prequential: measured before the sample is learned), so a recent
 window of them estimates how the current metric separates same from different.
+
+The threshold a verification uses, and the one a certificate certifies by default, follows one
+rule from that window (:func:`served_threshold`): the caller's, else the calibrated EER
+threshold, else a fallback that the answer names.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from service.core._validation import Array
+from service.core._validation import Array, check_threshold
 
 #: Pairs of each kind needed before the threshold counts as calibrated.
 MIN_PAIRS = 20
@@ -186,3 +190,27 @@ def in_order(ring: Array, count: int, window: int) -> Array:
     array); ``count`` pairs were seen, at most ``window`` kept."""
     start = count % window if count > window else 0
     return np.roll(ring, -start, axis=0)
+
+
+def served_threshold(
+    calibration: Calibration, margin: float, given: float | None = None
+) -> tuple[float, str]:
+    """The verification threshold that is served, and where it comes from.
+
+    The caller's (``"caller"``), else the calibrated EER threshold (``"calibrated"``), else
+    (too few pairs to calibrate) the EER threshold of the partial window
+    (``"fallback:window"``), else, with no pairs at all, the margin (``"fallback:margin"``: the
+    loss, Eq. 4, asks negatives to be ``margin`` farther).
+
+    >>> served_threshold(Calibration(2.5, 0.1, 0.9, 50, True), margin=1.0)
+    (2.5, 'calibrated')
+    >>> served_threshold(Calibration(None, None, None, 0, False), margin=1.0)
+    (1.0, 'fallback:margin')
+    """
+    if given is not None:
+        return check_threshold(given), "caller"
+    if calibration.calibrated and calibration.threshold is not None:
+        return calibration.threshold, "calibrated"
+    if calibration.threshold is not None:
+        return calibration.threshold, "fallback:window"
+    return margin, "fallback:margin"

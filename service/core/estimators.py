@@ -71,7 +71,11 @@ else:
 
 
 class NotFittedError(ValueError, AttributeError):
-    """Raised by a query before ``fit`` / ``partial_fit`` (as scikit-learn's own)."""
+    """Raised by a query before ``fit`` / ``partial_fit`` (as scikit-learn's own).
+
+    >>> isinstance(NotFittedError("call fit first"), ValueError | AttributeError)
+    True
+    """
 
 
 def _seed_from(random_state: Any) -> int:

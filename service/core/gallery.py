@@ -30,8 +30,8 @@ else the full one (:func:`refresh_method`). The float32 product runs at BLAS spe
 incremental pass is bound by memory traffic (three n x d streams), so the incremental form
 pays only for small changes: 10,000 rows, one BLAS thread, full against r' = 4 / 8 / 16:
 d = 128 3.4 against 3.1 / 3.6 / 5.9 ms, d = 256 12.6 against 8.4 / 10.0 / 17.5 ms, d = 512
-41.8 against 26.2 / 33.1 / 44.3 ms (one ad hoc run; at d = 128, r' = 4 the two are within
-the noise across runs; ``benchmarks/results/identify.md`` has both costs by ``d``, ``n`` and
+41.8 against 26.2 / 33.1 / 44.3 ms (at d = 128, r' = 4 the two are within the noise across
+runs; ``benchmarks/results/identify.md`` has both costs by ``d``, ``n`` and
 ``r'``). At d = 128 that is one triplet step per refresh: a learner
 publishing batches of hundreds of steps (20,000 samples/s) gets full refreshes; the
 incremental form is for the slow stream of a step or a few per version at larger d.
@@ -355,7 +355,14 @@ class TransformedGallery:
     """An immutable view of a gallery: normalised rows ``G`` (``[0, n)`` of ``_g``), their
     images ``Z`` under ``L`` (``[0, n)`` of ``_z``), which rows are ``alive``, and ``err``,
     ``err_abs``: ``||z_i - L g_i|| <= err ||g_i|| + err_abs`` for every row (see the module
-    docstring; ``err_abs`` bounds float32's underflow, zero for a view made in float64)."""
+    docstring; ``err_abs`` bounds float32's underflow, zero for a view made in float64).
+
+    >>> view, first = TransformedGallery.empty(np.diag([2.0, 1.0])).with_rows(np.eye(2))
+    >>> first, view.size, view.Z.tolist()
+    (0, 2, [[2.0, 0.0], [0.0, 1.0]])
+    >>> view.without(np.array([0])).size, view.size   # a new view; this one is unchanged
+    (1, 2)
+    """
 
     _g: _Block
     _z: _Block

@@ -1,6 +1,6 @@
 """No silent divergence: an O(1)-per-step blow-up indicator per copy of ``L``, and its policy.
 
-Why it exists (issue 14): on unnormalised inputs the paper's step (Eq. 12) can leave the region
+Why it exists: on unnormalised inputs the paper's step (Eq. 12) can leave the region
 of Lemma 2 on most triplets; the shrink guard of :mod:`service.core.update` keeps every step
 defined, but each shrunk step may stretch ``L`` by up to ``1 / MIN_EIGENVALUE = 10``, and the
 stretches compound (singular values of 1e87-1e107 after 2,000 samples were measured). Nothing
@@ -38,8 +38,8 @@ ordered correctly; only its scale ran away). ``state`` is ``"ok"`` (never trippe
 ``"stabilised"`` (tripped before, and that many steps have passed since without a trip). The
 step multiplier never grows back: a stream that needed a smaller step once is taken to need it.
 The thresholds are fixed (not hyperparameters): on the Table II data sets, the digits and the
-Gaussian streams of issue 14, healthy runs stay at a shrunk rate of 0 and grow ``||L||_F`` by
-far less than 10x per window (``benchmarks/results/scales.md``).
+Gaussian streams of ``benchmarks/scales.py``, healthy runs stay at a shrunk rate of 0 and grow
+``||L||_F`` by far less than 10x per window (``benchmarks/results/scales.md``).
 
 Everything here is a pure function of the stream in order: resuming from a checkpoint or
 batching differently gives the same trips at the same samples. The compiled part (the state

@@ -37,24 +37,17 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from service.core._validation import Array, check_matrix, check_metric
-from service.core.certificates import (
-    Certificate,
-    Method,
-    certify_held_out,
-    certify_pac_bayes,
-    check_certificate_args,
-    served_threshold,
-)
+from service.core.calibration import Calibration, served_threshold
+from service.core.certificates import Certificate, Method, check_certificate_args
+from service.core.certificates.held_out import certify_held_out
+from service.core.certificates.pac_bayes import certify_pac_bayes
 from service.core.update import OUTCOMES, StepResults
-
-if TYPE_CHECKING:
-    from service.core.calibration import Calibration
 
 #: Outcome code of a sample routed to the reservoir (not learned).
 HELD_OUT = OUTCOMES.index("held_out")
@@ -79,7 +72,13 @@ def _check_int(value: Any, name: str, lo: int, hi: int) -> int:
 
 class HoldoutSettings(Protocol):
     """What routing needs of a model's configuration (:class:`~service.core.config.
-    LearnerConfig` has it; a protocol, since the configuration's module imports this one)."""
+    LearnerConfig` has it; a protocol, since the configuration's module imports this one).
+
+    >>> from service.core import LearnerConfig
+    >>> settings: HoldoutSettings = LearnerConfig(dim=2, holdout=0.1)
+    >>> settings.holdout, settings.holdout_window
+    (0.1, 5000)
+    """
 
     @property
     def dim(self) -> int: ...
@@ -364,7 +363,7 @@ class Holdout:
         margin: float | None = None,
     ) -> Certificate:
         """Certify ``L`` at ``threshold`` (default: the served one, see
-        :func:`~service.core.certificates.served_threshold`; ``margin``: its last fallback in
+        :func:`~service.core.calibration.served_threshold`; ``margin``: its last fallback in
         input units, default ``config.margin``, the learner passes its scaled one).
 
         ``"binomial"`` / ``"kl"`` use the reservoir and certify the served metric;

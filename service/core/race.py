@@ -1,9 +1,9 @@
 """``gamma="auto"``: the learner picks its step size from the stream itself.
 
-A user of 128- or 512-d embeddings cannot know which step size their data need (issue 14), and
-the step that ranks best differs between data sets even in the scale-free units of
-``step="scaled"``. So the learner races a small grid of step sizes, :data:`GRID`, on the same
-samples and commits to the winner:
+A user of 128- or 512-d embeddings cannot know which step size their data need, and the step
+that ranks best differs between data sets even in the scale-free units of ``step="scaled"``. So
+the learner races a small grid of step sizes, :data:`GRID`, on the same samples and commits to
+the winner:
 
 * **Candidates.** At the first learned sample the served ``L`` is copied once per grid value
   (:class:`~service.core.tracks.Tracks`); all copies learn from the same triplets (same buffer,

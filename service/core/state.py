@@ -54,7 +54,17 @@ class _Counters(Protocol):
 class Resumable(Protocol):
     """What the state holds of a learner: the fields :func:`dump` reads and :func:`load` sets
     (:class:`~service.core.learner.Learner`'s; a protocol, since the learner's module imports
-    this one)."""
+    this one).
+
+    >>> from service.core import Learner, LearnerConfig
+    >>> learner = Learner(LearnerConfig(dim=2))
+    >>> _ = learner.learn_many([[0.0, 1.0], [1.0, 0.0], [0.0, 0.9]], ["a", "b", "a"])
+    >>> arrays, meta = dump(learner)
+    >>> sorted(arrays), meta["format"], meta["classes"]
+    (['L', 'buffer', 'calibration'], 2, ['a', 'b'])
+    >>> (load(Learner, arrays, meta).L == learner.L).all()
+    np.True_
+    """
 
     config: LearnerConfig
     holdout: Holdout

@@ -80,10 +80,6 @@ taken as ``alpha ||b - (kappa/alpha) a||^2`` instead). ``lambda_+ >= 0 >= lambda
   this: a correction ``p q^T`` changes no entry by more than ``||p|| ||q||``, known in O(d) from
   the step's vectors, and the bound is re-measured exactly, in O(d^2), only when it nears the
   limit. So ``L`` never holds NaN or Inf.
-
-Why one module of this length: the compiled kernel of Eqs. 12-20 and its guards (shrink,
-overflow bound, scaled-rule units, monitor hooks) must stay in one numba file, whose cache is
-invalidated per file.
 """
 
 from __future__ import annotations

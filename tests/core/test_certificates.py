@@ -10,28 +10,26 @@ import numpy as np
 import pytest
 from scipy import integrate, special, stats
 
-from service.core.certificates import (
-    GIBBS_TOLERANCE,
-    MIN_TUPLES,
-    QUANTITIES,
-    SIGMA_GRID,
-    THRESHOLD_GRID,
-    NotEnoughHeldOut,
-    Tuples,
+from service.core.certificates import QUANTITIES, NotEnoughHeldOut
+from service.core.certificates.bounds import (
     _bin_inv_bisect,
     bin_inv_upper,
-    build_tuples,
-    certify_held_out,
-    certify_pac_bayes,
-    gibbs_accept,
-    gibbs_triplet_error,
     hoeffding_upper,
     kl,
     kl_inv_lower,
     kl_inv_upper,
-    tuple_errors,
     xi,
 )
+from service.core.certificates.held_out import certify_held_out, tuple_errors
+from service.core.certificates.pac_bayes import (
+    GIBBS_TOLERANCE,
+    SIGMA_GRID,
+    THRESHOLD_GRID,
+    certify_pac_bayes,
+    gibbs_accept,
+    gibbs_triplet_error,
+)
+from service.core.certificates.tuples import MIN_TUPLES, Tuples, build_tuples
 
 # -- seed-specs 2.9: exact numbers -----------------------------------------------------------
 

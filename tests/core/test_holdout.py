@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from service.core import Learner, LearnerConfig
-from service.core.certificates import NotEnoughHeldOut, certify_held_out
+from service.core.certificates import NotEnoughHeldOut
+from service.core.certificates.held_out import certify_held_out
 from service.core.holdout import HELD_OUT, SampleWindow
 
 
