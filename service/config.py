@@ -56,7 +56,12 @@ class Settings(BaseSettings):
     api_keys: list[str] = Field(
         default_factory=list,
         description='API keys as JSON list of "<sha256 hex of the key>:<scope>,<scope>" entries '
-        "(scopes: ingest, query, admin); empty: no authentication (loopback only).",
+        "(scopes: ingest, query, admin); empty: no authentication (loopback only). An entry "
+        'with a third part, "<hash>:<scopes>:<models>", limits its key to those models: a '
+        "'|'-separated list of names and prefixes ending in '*' (tenant-a-*|shared); other "
+        "models answer it 403 whether they exist or not, and the model list shows it only "
+        "its own. python -m service.security new --scopes ingest --models 'tenant-a-*' makes "
+        "one. A malformed entry stops the start with an error naming OPML_API_KEYS.",
     )
     allow_insecure_bind: bool = Field(
         default=False,
