@@ -248,6 +248,9 @@ def document(app: FastAPI) -> None:
                     operation["x-required-scope"] = needed.value
                     responses = operation.setdefault("responses", {})
                     responses.setdefault("401", {"description": "No or unknown API key."})
-                    responses.setdefault("403", {"description": f"Key lacks '{needed}'."})
+                    responses.setdefault(
+                        "403",
+                        {"description": f"Key lacks '{needed}', or does not cover the model."},
+                    )
 
     extend_openapi(app, edit)

@@ -24,8 +24,9 @@ part of a request was received; otherwise (a connection that sent nothing at all
 whose answer has started, e.g. a 401 sent before an unread body) it is closed without an answer.
 The ASGI application, if it was waiting for that body, sees the client disconnect. Time the
 service itself does not read (its flow control paused reading, or the client waits for
-``100 Continue``) is not counted against the client. Each limit costs one timer per request
-(none per byte or chunk: a chunk adds its length to a counter); ``0`` turns a limit off.
+``100 Continue``) is not counted against the client. A timer is armed only for a head or body
+that spans several reads (and one per connection, for its first head), none per byte or chunk
+(a chunk adds its length to a counter); ``0`` turns a limit off.
 ``opml_http_slow_clients_closed_total{phase}`` counts the connections closed so.
 
 Behind a reverse proxy, the proxy should enforce the same limits on the client side (nginx
@@ -85,6 +86,7 @@ class ProblemHttpProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_since = 0.0  # when the head's time started
         self._head_begun = False
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_since: float | None = None  # when the body began; None: none expected
@@ -129,7 +131,7 @@ class ProblemHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_begun = True
         if self._head_timer is None:  # a later request: its head's time starts now
-            self._arm_head()
+            self._head_since = self.loop.time()
 
     def on_headers_complete(self) -> None:
         self._cancel_head()
@@ -152,10 +154,17 @@ class ProblemHttpProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
+        # timers only for a head or body that spans reads: a request that arrives whole in
+        # one read (the common case) arms none
+        if self._head_begun and self._head_timer is None and self.head_timeout_s > 0:
+            self._head_timer = self.loop.call_later(
+                self._head_since + self.head_timeout_s - self.loop.time(), self._head_expired
+            )
         if self._body_since is not None and self._body_timer is None:
             self._body_timer = self.loop.call_later(self._body_allowance(), self._check_body)
 
     def _arm_head(self) -> None:
+        self._head_since = self.loop.time()
         if self.head_timeout_s > 0:
             self._head_timer = self.loop.call_later(self.head_timeout_s, self._head_expired)
 
