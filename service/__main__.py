@@ -307,7 +307,11 @@ def _config(settings: Settings, redis_url: str) -> uvicorn.Config:
 
     return uvicorn.Config(
         create_app(settings, redis_url=redis_url),
-        http=ProblemHttpProtocol,
+        http=ProblemHttpProtocol.with_limits(
+            head_timeout_s=settings.head_timeout_s,
+            body_grace_s=settings.body_grace_s,
+            body_min_rate=settings.body_min_rate,
+        ),
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,

@@ -56,7 +56,12 @@ class Settings(BaseSettings):
     api_keys: list[str] = Field(
         default_factory=list,
         description='API keys as JSON list of "<sha256 hex of the key>:<scope>,<scope>" entries '
-        "(scopes: ingest, query, admin); empty: no authentication (loopback only).",
+        "(scopes: ingest, query, admin); empty: no authentication (loopback only). An entry "
+        'with a third part, "<hash>:<scopes>:<models>", limits its key to those models: a '
+        "'|'-separated list of names and prefixes ending in '*' (tenant-a-*|shared); other "
+        "models answer it 403 whether they exist or not, and the model list shows it only "
+        "its own. python -m service.security new --scopes ingest --models 'tenant-a-*' makes "
+        "one. A malformed entry stops the start with an error naming OPML_API_KEYS.",
     )
     allow_insecure_bind: bool = Field(
         default=False,
@@ -166,6 +171,31 @@ class Settings(BaseSettings):
         ge=1,
         description="Most items in one model's identification gallery (each costs 2 d float64 "
         "in the process that serves it, G and G L^T, and d float64 in Redis).",
+    )
+    # -- slow clients (service/api/protocol.py) --
+    head_timeout_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="A connection must send a complete request head within this many seconds "
+        "of opening (or of the head's first byte, on a kept-alive connection); else it is "
+        "answered 408 and closed (closed without an answer if it sent nothing). 0: no limit. "
+        "Behind a reverse proxy, have the proxy bound its clients the same way (nginx "
+        "client_header_timeout, HAProxy timeout http-request).",
+    )
+    body_grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="A request body may take this many seconds plus one second per "
+        "OPML_BODY_MIN_RATE bytes received; past that it is answered 408 (if nothing was "
+        "answered yet) and the connection closed.",
+    )
+    body_min_rate: int = Field(
+        default=1024,
+        ge=0,
+        description="Least request body rate in bytes/s after OPML_BODY_GRACE_S (a stalled "
+        "upload is cut off, a slow steady one is not); 0: no limit. Behind a reverse proxy, "
+        "have the proxy bound its clients' bodies (nginx client_body_timeout, HAProxy timeout "
+        "http-request), or buffer them, so that it is never itself the slow client.",
     )
     ws_window: int = Field(
         default=32, ge=1, description="WS ingestion frames in flight per connection."

@@ -48,12 +48,16 @@ class Unauthorized(ServiceError):
 
 
 class Forbidden(ServiceError):
-    """The API key is valid but lacks the scope the route needs (``required_scope``)."""
+    """The API key is valid but lacks the scope the route needs (``required_scope``), or does
+    not cover the model the request names (no ``required_scope``)."""
 
     slug = "forbidden"
 
-    def __init__(self, detail: str, *, challenge: str, required_scope: str) -> None:
-        super().__init__(detail, required_scope=required_scope)
+    def __init__(self, detail: str, *, challenge: str, required_scope: str | None = None) -> None:
+        if required_scope is None:
+            super().__init__(detail)
+        else:
+            super().__init__(detail, required_scope=required_scope)
         self.challenge = challenge
 
 

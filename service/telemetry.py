@@ -94,6 +94,12 @@ WS_FRAME_DURATION = Histogram(
 WS_CONNECTIONS = Gauge(
     "opml_websocket_connections", "Open WebSocket connections by endpoint.", ["endpoint"]
 )
+SLOW_CLIENTS_CLOSED = Counter(
+    "opml_http_slow_clients_closed_total",
+    "HTTP connections closed because the request head (phase head) or body (phase body) came "
+    "slower than OPML_HEAD_TIMEOUT_S / OPML_BODY_MIN_RATE allow.",
+    ["phase"],
+)
 EVENTS_DROPPED = Counter(
     "opml_events_dropped_total", "/events frames dropped for slow readers.", ["model"]
 )

@@ -16,6 +16,15 @@ Where the key comes from:
 
 A refused WebSocket handshake gets an HTTP 401/403 problem+json answer (the ASGI WebSocket
 denial response), not an accepted-then-closed socket.
+
+A key limited to some models (:class:`service.security.ModelPatterns`) is checked here too, from
+the path alone: ``/v1/models/<name>/...`` for a name outside its patterns is 403 before any
+route runs, so the answer cannot depend on whether the model exists; other ``/v1/`` paths than
+``/v1/models`` itself are 403 for such a key. Creating (the name is in the body) and listing
+read the caller's :class:`~service.security.Grant` from the request's state
+(:func:`grant_of`). A request another process answers (:mod:`service.api.forward`) is checked
+here before it is forwarded, and again by that process, which receives the same key: neither
+side trusts the other's check.
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from service.api.deps import extend_openapi
 from service.api.problems import problem_response
 from service.errors import Forbidden, ServiceError, Unauthorized
-from service.security import KeyRing
+from service.security import Grant, KeyRing
 from service.security import Scope as KeyScope
 
 #: The scope each route needs when keys are configured: (method, path template) -> scope;
@@ -123,22 +132,72 @@ def accept_subprotocol(scope: Scope) -> str | None:
     return SUBPROTOCOL if SUBPROTOCOL in scope.get("subprotocols", []) else None
 
 
-def check(keys: KeyRing, key: str | None, needed: KeyScope) -> ServiceError | None:
-    """None if ``key`` may use a route needing ``needed``; else the 401/403 to answer."""
+MODELS_PATH = "/v1/models"
+_MODEL_PREFIX = MODELS_PATH + "/"
+#: Where :class:`Authenticate` leaves the caller's grant, in the request's ``state``.
+GRANT_STATE = "opml_grant"
+
+
+def model_of(path: str) -> str | None:
+    """The model a ``/v1/models/<name>/...`` path names (``""`` for an empty segment); None
+    for a path naming none.
+
+    >>> model_of("/v1/models/cam-1/gallery/a/b"), model_of("/v1/models"), model_of("/livez")
+    ('cam-1', None, None)
+    """
+    if not path.startswith(_MODEL_PREFIX):
+        return None
+    return path[len(_MODEL_PREFIX) :].partition("/")[0]
+
+
+def not_covered(name: str) -> Forbidden:
+    """The 403 for a model outside the key's patterns (existing or not: the same answer)."""
+    del name  # not echoed: the answer is the same byte for byte for every model refused
+    return Forbidden(
+        "this API key does not cover the model this request names",
+        challenge=f'{REALM}, error="insufficient_scope"',
+    )
+
+
+def forbid_path(grant: Grant, path: str) -> ServiceError | None:
+    """The 403 for a key limited to some models on a path outside them; None: allowed."""
+    if not grant.limited or path == MODELS_PATH or not path.startswith(API_PREFIX):
+        return None
+    name = model_of(path)
+    if name is None:
+        return Forbidden(
+            "this API key is limited to some models; this route is for keys covering every model",
+            challenge=f'{REALM}, error="insufficient_scope"',
+        )
+    return None if grant.covers(name) else not_covered(name)
+
+
+def check(
+    keys: KeyRing, key: str | None, needed: KeyScope, path: str = MODELS_PATH
+) -> ServiceError | Grant:
+    """The key's grant if ``key`` may use a route needing ``needed`` at ``path``; else the
+    401/403 to answer."""
     if key is None:
         return Unauthorized(
             "an API key is required: send 'Authorization: Bearer <key>'", challenge=REALM
         )
-    scopes = keys.scopes_of(key)
-    if scopes is None:
+    grant = keys.grant_of(key)
+    if grant is None:
         return Unauthorized("the API key is not valid", challenge=f'{REALM}, error="invalid_token"')
-    if needed not in scopes:
+    if needed not in grant.scopes:
         return Forbidden(
             f"this API key lacks the '{needed}' scope this route needs",
             challenge=f'{REALM}, error="insufficient_scope", scope="{needed}"',
             required_scope=needed.value,
         )
-    return None
+    return forbid_path(grant, path) or grant
+
+
+def grant_of(scope: Scope) -> Grant | None:
+    """The grant :class:`Authenticate` found for this request; None: keys are off (or the
+    path is open), every model is covered."""
+    state = scope.get("state")
+    return None if state is None else state.get(GRANT_STATE)
 
 
 class Authenticate:
@@ -153,13 +212,19 @@ class Authenticate:
             await self.app(scope, receive, send)
             return
         method = "WS" if scope["type"] == "websocket" else scope["method"]
-        needed = required_scope(method, scope["path"])
-        error = None if needed is None else check(self.keys, presented_key(scope), needed)
-        if error is None:
+        path = scope["path"]
+        needed = required_scope(method, path)
+        if needed is None:
+            await self.app(scope, receive, send)
+            return
+        outcome = check(self.keys, presented_key(scope), needed, path)
+        if isinstance(outcome, Grant):
+            # a copy: the server's state dict is shared by its requests' scopes
+            scope["state"] = {**scope.get("state", {}), GRANT_STATE: outcome}
             await self.app(scope, receive, send)
             return
         # On a WebSocket scope Starlette sends this as the handshake's HTTP denial response.
-        await problem_response(error)(scope, receive, send)
+        await problem_response(outcome)(scope, receive, send)
 
 
 def document(app: FastAPI) -> None:
@@ -171,7 +236,8 @@ def document(app: FastAPI) -> None:
                 "type": "http",
                 "scheme": "bearer",
                 "description": "An API key (OPML_API_KEYS); scopes: query, ingest, admin "
-                "(admin includes the others). Needed only when keys are configured.",
+                "(admin includes the others), optionally limited to some models (403 for "
+                "others). Needed only when keys are configured.",
             }
         }
         for path, operations in schema.get("paths", {}).items():
@@ -182,6 +248,9 @@ def document(app: FastAPI) -> None:
                     operation["x-required-scope"] = needed.value
                     responses = operation.setdefault("responses", {})
                     responses.setdefault("401", {"description": "No or unknown API key."})
-                    responses.setdefault("403", {"description": f"Key lacks '{needed}'."})
+                    responses.setdefault(
+                        "403",
+                        {"description": f"Key lacks '{needed}', or does not cover the model."},
+                    )
 
     extend_openapi(app, edit)

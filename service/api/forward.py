@@ -130,11 +130,15 @@ class Forwarder:
         headers[SERVED_BY_HEADER] = member
         return Response(answer.content, status_code=answer.status_code, headers=headers)
 
-    async def model_document(self, name: str, target: str, member: str) -> Any:
-        """The owner's document of model ``name`` (for the model list)."""
-        answer = await self.client.get(
-            f"{target}/v1/models/{name}", headers=[(HOP_HEADER, self.member_id)]
-        )
+    async def model_document(
+        self, name: str, target: str, member: str, authorization: str | None = None
+    ) -> Any:
+        """The owner's document of model ``name`` (for the model list), asked with the caller's
+        ``authorization`` header: the owner checks the key as for any request."""
+        headers = [(HOP_HEADER, self.member_id)]
+        if authorization is not None:
+            headers.append(("authorization", authorization))
+        answer = await self.client.get(f"{target}/v1/models/{name}", headers=headers)
         if answer.status_code != 200:
             raise Unavailable(
                 f"model {name!r}: its owner ({member}) answered {answer.status_code}; retry",

@@ -49,6 +49,7 @@ STATUS: dict[str, tuple[int, str]] = {
     "internal": (500, "Internal error"),
     "bad-request": (400, "Bad request"),
     "method-not-allowed": (405, "Method not allowed"),
+    "request-timeout": (408, "Request timeout"),
 }
 
 log = logging.getLogger("service.errors")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Request, Response, status
 from fastapi.responses import JSONResponse
 
-from service.api import parsing
+from service.api import auth, parsing
 from service.api.deps import ForwarderDep, ModelsDep, NameDep, body_doc, json_body
 from service.api.forward import HOP_HEADER, Forwarder
 from service.api.presenters import model_document
@@ -39,6 +39,9 @@ async def create_model(
     own hyperparameters and defaults (README, More learners). A hyperparameter the algorithm
     does not use, or a combination out of range, is a 422 naming the field; nothing is created.
     """
+    grant = auth.grant_of(request.scope)
+    if grant is not None and not grant.covers(body.name):
+        raise auth.not_covered(body.name)
     placement = models.placement(body.name)
     if placement is not None and HOP_HEADER not in request.headers:
         # created by the process that will learn it: no hand-over right after the create
@@ -57,8 +60,11 @@ async def create_model(
     )
 
 
-async def _document(models: Registry, forwarder: Forwarder, runtime: ModelRuntime) -> Any:
-    """A model's document: ours, or its owner's (another process learns it)."""
+async def _document(
+    models: Registry, forwarder: Forwarder, runtime: ModelRuntime, authorization: str | None
+) -> Any:
+    """A model's document: ours, or its owner's (another process learns it; asked with the
+    caller's key, which that process checks again)."""
     if runtime.serving:
         return model_document(runtime.status())
     holder = await models.holder(runtime.name)
@@ -66,13 +72,19 @@ async def _document(models: Registry, forwarder: Forwarder, runtime: ModelRuntim
         if await models.gone(runtime.name):
             return None
         raise NotServedHere(runtime.name)
-    return await forwarder.model_document(runtime.name, holder[1], holder[0])
+    return await forwarder.model_document(runtime.name, holder[1], holder[0], authorization)
 
 
 @router.get("", response_model=ModelList)
-async def list_models(models: ModelsDep, forwarder: ForwarderDep) -> ModelList:
-    """Every model, by name (each as its owner process reports it)."""
-    documents = await asyncio.gather(*(_document(models, forwarder, rt) for rt in models.all()))
+async def list_models(request: Request, models: ModelsDep, forwarder: ForwarderDep) -> ModelList:
+    """Every model, by name (each as its owner process reports it); for an API key limited to
+    some models, only those."""
+    grant = auth.grant_of(request.scope)
+    visible = [rt for rt in models.all() if grant is None or grant.covers(rt.name)]
+    authorization = request.headers.get("authorization")
+    documents = await asyncio.gather(
+        *(_document(models, forwarder, rt, authorization) for rt in visible)
+    )
     return ModelList(models=[ModelOut.model_validate(d) for d in documents if d is not None])
 
 
