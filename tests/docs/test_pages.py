@@ -46,7 +46,9 @@ BIN = Path(sys.executable).parent
 DOCS = ROOT / "docs"
 PAGES = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
 #: The pages docs/gen_reference.py writes (git ignores them).
-GENERATED = {Path("docs/reference") / n for n in ("settings.md", "metrics.md", "problems.md", "http-api.md")}
+GENERATED = {
+    Path("docs/reference") / n for n in ("settings.md", "metrics.md", "problems.md", "http-api.md")
+}
 NOT_RUN = re.compile(r"<!--\s*not run:(.*?)-->", re.DOTALL)
 FENCE = re.compile(r"^```([\w-]*)[^\n]*\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
 
