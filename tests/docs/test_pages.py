@@ -112,6 +112,8 @@ def commands(block: str) -> list[tuple[str, str]]:
 def shown_json(text: str) -> Any:
     """JSON as a page shows it (``...`` members or items left out, numbers rounded), or None."""
     squeezed = re.sub(r",\s*\.\.\.", "", "".join(text.splitlines()))
+    if not squeezed.startswith(("{", "[")):
+        return None
     try:
         return json.loads(squeezed, parse_float=Decimal)
     except json.JSONDecodeError:
