@@ -131,6 +131,7 @@ def http_page() -> str:
         "live at `/docs` and `/redoc`, with every body and answer schema). The WebSocket "
         "routes are on [their own page](websocket.md); errors are "
         "[problem documents](problems.md).\n",
+        schema["info"].get("description", "").strip() + "\n",
     ]
     for path, operations in schema["paths"].items():
         for method, op in operations.items():
