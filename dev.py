@@ -99,8 +99,9 @@ def main(argv: list[str]) -> int:
         code = run([str(PY), "docs/gen_reference.py"])
         if code != 0:
             return code
-        if rest[:1] == ["--serve"]:
-            return run([str(PY), "-m", "mkdocs", "serve", *rest[1:]])
+        os.environ["NO_MKDOCS_2_WARNING"] = "1"  # mkdocs' banner about its successor
+        if rest[:1] == ["--serve"]:  # port 8001: the service itself uses 8000
+            return run([str(PY), "-m", "mkdocs", "serve", "-a", "127.0.0.1:8001", *rest[1:]])
         return run([str(PY), "-m", "mkdocs", "build", "--strict", "--site-dir", "site", *rest])
     for check in (
         [str(BIN / "ruff"), "check", "."],
