@@ -252,7 +252,8 @@ def test_no_lab_notebook_in_readme_or_pages() -> None:
     """No commit hashes, "ad hoc", issue numbers or the internal spec files outside the design
     records (which may name a results file) and the changelog. The generated reference pages
     (not committed) say what the code's help texts say; the code is checked on its own."""
-    banned = re.compile(r"\bad hoc\b|seed-specs|api\.md|\bissue \d+|\b[0-9a-f]{7}\b(?=`|\))")
+    commit = r"\b(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}\b"  # digits and letters
+    banned = re.compile(rf"\bad hoc\b|seed-specs|api\.md|\bissue \d+|{commit}")
     for page in PAGES:
         if "design" in page.parts or page.relative_to(DOCS.parent) in GENERATED:
             continue
