@@ -4,6 +4,7 @@
     python3 dev.py serve [options]   # create .venv if needed, install, run the service
     python3 dev.py test [pytest args]  # same venv plus test extras; ruff, mypy, then pytest
     python3 dev.py bench             # install the benchmark extras; then run scripts in benchmarks/
+    python3 dev.py docs [--serve]    # build the docs site into site/ (mkdocs --strict), or serve it
 
 The virtual environment lives in ``.venv``. Each extra (the base install, ``test``, ``bench``)
 is installed once per content of ``pyproject.toml``: ``.venv/.opml-stamp`` records, for each
@@ -29,7 +30,12 @@ BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 STAMP = VENV / ".opml-stamp"
 #: The extras each command needs ("base": the project itself).
-EXTRAS = {"serve": ("base",), "test": ("base", "test"), "bench": ("base", "test", "bench")}
+EXTRAS = {
+    "serve": ("base",),
+    "test": ("base", "test"),
+    "bench": ("base", "test", "bench"),
+    "docs": ("base", "docs"),
+}
 
 
 def say(message: str) -> None:
@@ -88,6 +94,15 @@ def main(argv: list[str]) -> int:
         os.execv(str(PY), [str(PY), "-m", "service", *rest])
     if command == "bench":
         return 0
+    if command == "docs":
+        # The reference pages are generated from the code first; mkdocs then builds offline.
+        code = run([str(PY), "docs/gen_reference.py"])
+        if code != 0:
+            return code
+        os.environ["NO_MKDOCS_2_WARNING"] = "1"  # mkdocs' banner about its successor
+        if rest[:1] == ["--serve"]:  # port 8001: the service itself uses 8000
+            return run([str(PY), "-m", "mkdocs", "serve", "-a", "127.0.0.1:8001", *rest[1:]])
+        return run([str(PY), "-m", "mkdocs", "build", "--strict", "--site-dir", "site", *rest])
     for check in (
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "mypy")],
