@@ -163,7 +163,9 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
     entries = [entry_for(key, [scope]) for scope, key in KEYS.items()]
     try:
         with ServiceProcess(
-            tmp_path_factory.mktemp("console-secured"), server.url, OPML_API_KEYS=json.dumps(entries)
+            tmp_path_factory.mktemp("console-secured"),
+            server.url,
+            OPML_API_KEYS=json.dumps(entries),
         ) as proc:
             yield proc
     finally:

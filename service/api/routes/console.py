@@ -72,11 +72,7 @@ async def ui_root() -> Response:
 async def ui_file(path: str) -> Response:
     """A file of the console (``index.html`` for ``/ui/``); 404 outside :data:`UI_DIR`."""
     target = (UI_DIR / (path or "index.html")).resolve()
-    if (
-        not target.is_relative_to(UI_DIR)
-        or not target.is_file()
-        or target.suffix not in _TYPES
-    ):
+    if not target.is_relative_to(UI_DIR) or not target.is_file() or target.suffix not in _TYPES:
         raise NotFound(f"no console file {path!r}")
     return FileResponse(target, media_type=_TYPES[target.suffix], headers=_HEADERS)
 

@@ -54,6 +54,7 @@ export class ProgressChart {
     this.data[2].push(v.eer);
     this.plot.setData(this.data);
     mark(this.el, this.data);
+    this.el.dataset.last = String(frame.samples_seen);
   }
 }
 
@@ -156,6 +157,7 @@ export class ScatterChart {
         this.el,
       );
       this.plot.over.addEventListener("click", (event) => this.pick(event));
+      this.el.uplot = this.plot; // for whoever inspects the page (the browser tests do)
     } else {
       this.plot.setData(data);
     }
