@@ -251,6 +251,26 @@ def test_console_shows_a_model_live_and_its_answers_are_the_apis(
         answer = client.post(f"/v1/models/{name}/identify", json={"x": X[0].tolist(), "k": 5})
         assert first == answer.json()["matches"][0]["id"] == "p0"
         shot(browser, "model")
+
+        # a model holding samples out: its certificate, and the held-out estimate and bound
+        # of the served threshold beside the curve
+        make_model(client, "held", DIM, holdout=0.3)
+        H, z = stream(400, DIM, 3, seed=12)
+        feed(client, "held", H[:200], z[:200])
+        feed(client, "held", H[200:], z[200:])
+        browser.get(svc.url + "/ui/#/models/held")
+        wait_for(
+            "the certificate", lambda: browser.find_element(By.CSS_SELECTOR, "#certificate table")
+        )
+        certificate = client.get("/v1/models/held/certificate").json()
+        rows = browser.find_elements(By.CSS_SELECTOR, "#certificate tbody tr")
+        false_accept = [td.text for td in rows[1].find_elements(By.TAG_NAME, "td")]
+        assert false_accept[1:3] == [
+            str(certificate["false_accept"]["m"]), str(certificate["false_accept"]["errors"]),
+        ]  # fmt: skip
+        wait_for("the held-out points", lambda: (data(browser, "roc", "series") or "").endswith(
+            ",1,1,1"))  # fmt: skip
+        shot(browser, "model-held-out")
     assert_same_origin(browser, svc)
     assert_no_page_errors(browser)
 

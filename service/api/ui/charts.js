@@ -31,6 +31,7 @@ export class ProgressChart {
         height: 260,
         scales: { x: { time: false }, y: { range: [0, 1] } },
         axes: [{ label: "samples seen" }, { label: "rate" }],
+        legend: { live: false },
         series: [
           { label: "samples" },
           { label: "triplet accuracy", stroke: "#59a14f", width: 2, points: { show: true, size: 4 } },
@@ -81,6 +82,7 @@ export class RocChart {
         height: 300,
         scales: { x: { time: false, range: [0, 1] }, y: { range: [0, 1] } },
         axes: [{ label: "false accept rate" }, { label: "true accept rate (1 - FRR)" }],
+        legend: { live: false },
         series: [
           { label: "FAR" },
           { label: "ROC", stroke: "#4e79a7", width: 2, spanGaps: true, points: { show: false } },
