@@ -532,7 +532,7 @@ class ModelRuntime:
         ``count`` of the latest samples applied to it with their class keys (the writer's
         in-memory window: empty after a restart until samples arrive)."""
         await self.read(min_version)
-        return await self._writer().recent_samples(count)
+        return self._writer().recent_samples(count)
 
     async def certificate(
         self, min_version: int | None, delta: float, method: Method, threshold: float | None

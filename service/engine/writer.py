@@ -223,6 +223,9 @@ class Writer:
         #: The latest applied samples (in memory only, empty after a restart): the console's
         #: picture of the classes (:meth:`recent_samples`).
         self.recent = SampleWindow(RECENT_SAMPLES, config.dim)
+        #: The latest rows of a batch being applied (worker thread), moved into :attr:`recent`
+        #: on the event loop when the batch's snapshot is published: readers never wait.
+        self._fresh: list[tuple[Array, list[str]]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -507,6 +510,9 @@ class Writer:
             self._per_entry = max(1.0, samples / len(entries))
             if self._dirty_since is None:
                 self._dirty_since = time.monotonic()
+            for rows, labels in self._fresh:
+                self.recent.extend(rows, labels)
+            self._fresh.clear()
             self._publish(snapshot)
         self.metrics.update_duration.observe(time.perf_counter() - started)
         self._certificate_due(snapshot.version)
@@ -518,6 +524,7 @@ class Writer:
         its samples and their results; the snapshot after the last entry; the sample count.
         ``decoded``: per entry, its samples when already at hand (None: decode the entry)."""
         d = self.learner.dim
+        self._fresh.clear()  # rows of a batch that failed part-way are not shown
         runs: list[tuple[list[int], StepResults]] = []
         blocks: list[np.ndarray[Any, Any]] = []
         flags: list[np.ndarray[Any, Any] | None] = []  # per block: its holdout flags
@@ -535,7 +542,7 @@ class Writer:
                          for b, f in zip(blocks, flags, strict=True)]
                     )  # fmt: skip
                 runs.append((list(seqs), self.learner.learn_many(X, keys, holdout=held)))
-                self.recent.extend(X[-RECENT_SAMPLES:], keys[-RECENT_SAMPLES:])
+                self._fresh.append((X[-RECENT_SAMPLES:], keys[-RECENT_SAMPLES:]))
                 blocks.clear()
                 flags.clear()
                 keys.clear()
@@ -580,15 +587,14 @@ class Writer:
         async with self._one_certificate:
             return await certify(await self.frozen_holdout(), delta, method, threshold)
 
-    async def recent_samples(self, count: int) -> tuple[Snapshot, Array, list[str]]:
+    def recent_samples(self, count: int) -> tuple[Snapshot, Array, list[str]]:
         """The current snapshot and up to ``count`` of the latest samples applied to it (rows
-        as logged, oldest first) with their class keys, copied under the learning lock so the
-        rows match the snapshot."""
-        async with self._learning:
-            rows, codes, classes = self.recent.samples()
-            keep = min(count, len(rows))
-            kept = [classes[int(c)] for c in codes[len(codes) - keep :]]
-            return self.board.current, rows[len(rows) - keep :], kept
+        as logged, oldest first) with their class keys. Both change together on the event
+        loop (:meth:`_apply`), so the rows match the snapshot without taking a lock."""
+        rows, codes, classes = self.recent.samples()
+        keep = min(count, len(rows))
+        kept = [classes[int(c)] for c in codes[len(codes) - keep :]]
+        return self.board.current, rows[len(rows) - keep :], kept
 
     def _certificate_due(self, version: int) -> None:
         """Every OPML_CERTIFICATE_EVERY versions (when the model holds samples out), refresh

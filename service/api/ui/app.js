@@ -341,8 +341,10 @@ function modelPage(name) {
     try {
       recent = await api("GET", `${path}/recent?limit=300`);
       const labels = recent.samples.map((s) => s.y);
-      scatterX.update(recent.projection.x.points, labels, recent.classes, colourOf);
-      scatterZ.update(recent.projection.z.points, labels, recent.classes, colourOf);
+      // a stable series order: the charts are rebuilt only when the set of classes changes
+      const classes = [...recent.classes].sort();
+      scatterX.update(recent.projection.x.points, labels, classes, colourOf);
+      scatterZ.update(recent.projection.z.points, labels, classes, colourOf);
       pictureX.dataset.version = String(recent.version);
       pictureZ.dataset.version = String(recent.version);
       const share = (p) => p.explained.map((s) => `${(100 * s).toFixed(0)}%`).join(" + ");
