@@ -34,8 +34,8 @@ export class ProgressChart {
         legend: { live: false },
         series: [
           { label: "samples" },
-          { label: "triplet accuracy", stroke: "#59a14f", width: 2, points: { show: true, size: 4 } },
-          { label: "EER", stroke: "#e15759", width: 2, points: { show: true, size: 4 } },
+          { label: "triplet accuracy", stroke: "#59a14f", width: 2, points: { show: true, size: 7 } },
+          { label: "EER", stroke: "#e15759", width: 2, points: { show: true, size: 7 } },
         ],
       },
       this.data,
