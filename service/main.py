@@ -201,6 +201,7 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
     fastapi_stack = app.build_middleware_stack
     app.build_middleware_stack = lambda: outer(fastapi_stack())  # type: ignore[method-assign]
     app.state.settings = settings
+    app.state.keys = keys
     app.state.redis_url = settings.redis_url or redis_url
     problems.install(app)
     app.include_router(api_router)

@@ -61,9 +61,13 @@ ROUTE_SCOPES: dict[tuple[str, str], KeyScope] = {
     ("GET", "/v1/models/{name}/gallery"): KeyScope.QUERY,
     ("POST", "/v1/models/{name}/identify"): KeyScope.QUERY,
     ("WS", "/v1/models/{name}/events"): KeyScope.QUERY,
+    ("GET", "/v1/models/{name}/recent"): KeyScope.QUERY,
+    ("GET", "/v1/models/{name}/calibration"): KeyScope.QUERY,
+    ("GET", "/v1/key"): KeyScope.QUERY,
 }
 #: Everything outside it is open: ``/livez``, ``/readyz``, ``/metrics``, ``/docs``,
-#: ``/redoc``, ``/openapi.json`` (and unknown paths, which are 404 anyway).
+#: ``/redoc``, ``/openapi.json``, the console's static files ``/ui/`` (no data: its pages
+#: call the API with the viewer's key) and unknown paths, which are 404 anyway.
 API_PREFIX = "/v1/"
 
 

@@ -2,8 +2,8 @@
 
 from fastapi import APIRouter
 
-from service.api.routes import gallery, models, ops, queries, samples, stream
+from service.api.routes import console, gallery, models, ops, queries, samples, stream
 
 api_router = APIRouter()
-for module in (models, samples, queries, gallery, stream, ops):
+for module in (models, samples, queries, gallery, stream, ops, console):
     api_router.include_router(module.router)

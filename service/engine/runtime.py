@@ -525,6 +525,15 @@ class ModelRuntime:
             )
         return self.snapshot
 
+    async def recent_samples(
+        self, min_version: int | None, count: int
+    ) -> tuple[Snapshot, Array, list[str]]:
+        """The latest snapshot (after waiting, bounded, for ``min_version``) and up to
+        ``count`` of the latest samples applied to it with their class keys (the writer's
+        in-memory window: empty after a restart until samples arrive)."""
+        await self.read(min_version)
+        return self._writer().recent_samples(count)
+
     async def certificate(
         self, min_version: int | None, delta: float, method: Method, threshold: float | None
     ) -> Certificate:

@@ -83,7 +83,7 @@ from service.config import Settings
 from service.core import Learner, LearnerConfig, StepResults
 from service.core._validation import Array
 from service.core.certificates import Certificate, Method
-from service.core.holdout import Flags, Holdout
+from service.core.holdout import Flags, Holdout, SampleWindow
 from service.engine.admission import sample_work, samples_per_batch
 from service.engine.certify import certify
 from service.engine.lease import Lease
@@ -143,6 +143,8 @@ HOLD_RESOLUTION_S = 0.001
 #: d = 64 with 2^17 here made batches of ~180 samples take 12 ms in the thread (lag p99 114 ms)
 #: and 0.6 ms on the loop (lag p99 16 ms), at the same throughput.
 INLINE_WORK = 1 << 20
+#: Latest applied samples kept per model for the console (``d`` floats each, in memory only).
+RECENT_SAMPLES = 512
 
 
 @dataclass(frozen=True)
@@ -218,6 +220,12 @@ class Writer:
         self._certified_version = 0  # version of the latest periodic certificate attempt
         self._certifying: asyncio.Task[None] | None = None
         self._certificate_again = False  # a certificate fell due while one was computing
+        #: The latest applied samples (in memory only, empty after a restart): the console's
+        #: picture of the classes (:meth:`recent_samples`).
+        self.recent = SampleWindow(RECENT_SAMPLES, config.dim)
+        #: The latest rows of a batch being applied (worker thread), moved into :attr:`recent`
+        #: on the event loop when the batch's snapshot is published: readers never wait.
+        self._fresh: list[tuple[Array, list[str]]] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -502,6 +510,9 @@ class Writer:
             self._per_entry = max(1.0, samples / len(entries))
             if self._dirty_since is None:
                 self._dirty_since = time.monotonic()
+            for rows, labels in self._fresh:
+                self.recent.extend(rows, labels)
+            self._fresh.clear()
             self._publish(snapshot)
         self.metrics.update_duration.observe(time.perf_counter() - started)
         self._certificate_due(snapshot.version)
@@ -513,6 +524,7 @@ class Writer:
         its samples and their results; the snapshot after the last entry; the sample count.
         ``decoded``: per entry, its samples when already at hand (None: decode the entry)."""
         d = self.learner.dim
+        self._fresh.clear()  # rows of a batch that failed part-way are not shown
         runs: list[tuple[list[int], StepResults]] = []
         blocks: list[np.ndarray[Any, Any]] = []
         flags: list[np.ndarray[Any, Any] | None] = []  # per block: its holdout flags
@@ -530,6 +542,7 @@ class Writer:
                          for b, f in zip(blocks, flags, strict=True)]
                     )  # fmt: skip
                 runs.append((list(seqs), self.learner.learn_many(X, keys, holdout=held)))
+                self._fresh.append((X[-RECENT_SAMPLES:], keys[-RECENT_SAMPLES:]))
                 blocks.clear()
                 flags.clear()
                 keys.clear()
@@ -573,6 +586,15 @@ class Writer:
         one copy of the reservoir, not one per request."""
         async with self._one_certificate:
             return await certify(await self.frozen_holdout(), delta, method, threshold)
+
+    def recent_samples(self, count: int) -> tuple[Snapshot, Array, list[str]]:
+        """The current snapshot and up to ``count`` of the latest samples applied to it (rows
+        as logged, oldest first) with their class keys. Both change together on the event
+        loop (:meth:`_apply`), so the rows match the snapshot without taking a lock."""
+        rows, codes, classes = self.recent.samples()
+        keep = min(count, len(rows))
+        kept = [classes[int(c)] for c in codes[len(codes) - keep :]]
+        return self.board.current, rows[len(rows) - keep :], kept
 
     def _certificate_due(self, version: int) -> None:
         """Every OPML_CERTIFICATE_EVERY versions (when the model holds samples out), refresh
