@@ -32,7 +32,7 @@ from service.api.deps import MinVersionDep, ModelsDep, NameDep
 from service.api.presenters import json_response, verify_threshold
 from service.core.calibration import in_order
 from service.core.curves import principal_components, rates, roc
-from service.core.learner import normalize_rows
+from service.core.normalize import normalize_rows
 from service.engine.writer import RECENT_SAMPLES
 from service.errors import NotFound
 from service.security import KeyRing, Scope
