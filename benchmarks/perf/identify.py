@@ -1,7 +1,7 @@
 """Identification (1:N) against the server-side gallery: latency, refresh cost, baselines.
 
-    python -m benchmarks.identify            # ~10 min; benchmarks/results/identify.{md,json}
-    python -m benchmarks.identify --quick    # a smoke run (~3 min), identify_quick.{md,json}
+    python -m benchmarks.perf.identify            # ~10 min; benchmarks/results/identify.{md,json}
+    python -m benchmarks.perf.identify --quick    # a smoke run (~3 min), identify_quick.{md,json}
 
 Three parts, all printed and saved with the machine they ran on:
 
@@ -13,7 +13,7 @@ Three parts, all printed and saved with the machine they ran on:
    temporary dir; d = 128, ``normalize: l2``): galleries of 10,000 and 100,000 items enrolled
    over HTTP; ``POST .../identify`` (one vector, k = 5, JSON) in an open loop at a fixed rate,
    latency from each request's scheduled send time (no coordinated omission), idle and while
-   ``benchmarks.loadgen ws --encoding binary --rate 20000`` streams samples (paced, its own
+   ``benchmarks.harness.loadgen ws --encoding binary --rate 20000`` streams samples (paced, its own
    process); the refreshes during ingestion from ``opml_gallery_refresh_seconds`` (time per
    refresh by method, versions per refresh).
 3. **Baselines on the same gallery and queries**: brute force with numpy on the client
@@ -43,20 +43,14 @@ import httpx
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    command_line,
-    machine_block,
-    machine_info,
-    suffixed,
-    thread_cpu,
-)
-from benchmarks.loadgen import RawPool, open_loop, summary
+from benchmarks.harness.loadgen import RawPool, open_loop, summary
+from benchmarks.harness.machine import machine_block, machine_info, thread_cpu
+from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed
 from devkit.launcher import ServiceProcess
 from service.core import normalize_rows
 from service.core.gallery import OVERSAMPLE, TransformedGallery, refresh_method
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 D = 128
 K = 5
 TARGET_P99_MS = 5.0
@@ -232,7 +226,7 @@ def loadgen_ws(
     cmd = [
         sys.executable,
         "-m",
-        "benchmarks.loadgen",
+        "benchmarks.harness.loadgen",
         "ws",
         "--url",
         url,
@@ -540,7 +534,7 @@ def main() -> None:
         service = measure_service(Path(tmp), sizes, plan)
     loads["end"] = load()
     data = {
-        "command": command_line("benchmarks.identify"),
+        "command": command_line("benchmarks.perf.identify"),
         "machine": machine_info(),
         "loads": loads,
         "plan": plan,

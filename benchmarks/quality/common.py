@@ -1,34 +1,25 @@
-"""Shared pieces of the benchmarks: scaling, k-NN error, learners, the machine, CPU from /proc.
+"""Shared pieces of the paper reproductions: scaling, k-NN error, learners, mean ± std.
 
-Not a script; imported by the paper reproductions (``table2.py``, ``table4.py``,
-``gamma_grid.py``) and the timing and service benchmarks. The service benchmarks start the
-service with :class:`devkit.launcher.ServiceProcess`.
+Not a script; imported by ``table2``, ``table4``, ``gamma_grid``, ``learners``, ``scales``,
+``certificates_eval`` and ``step_ceiling``.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 from sklearn.neighbors import NearestNeighbors
 from sklearn.preprocessing import StandardScaler
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
 METHODS = ("euclidean", "opml", "copml")
 
+
 FloatArray = NDArray[np.float64]
+
+
 IntArray = NDArray[np.int64]
 
 
@@ -40,7 +31,6 @@ class Learner(Protocol):
     def transform(self, X: FloatArray) -> FloatArray: ...
 
 
-@dataclass(frozen=True)
 class Config:
     """Hyperparameters passed to the learners (same names as service.core). ``step="paper"``
     (the paper's literal rule, what Tables II and IV reproduce) unless said otherwise."""
@@ -105,6 +95,8 @@ def zscore(X_train: FloatArray, *others: FloatArray) -> list[FloatArray]:
 
 
 TIE_BREAKS = ("nearest", "smallest")
+
+
 TIE_TEXT = {
     "nearest": "a tie of votes goes to the class of the nearest tied neighbour, as MATLAB "
     "knnclassify's default rule",
@@ -191,85 +183,6 @@ def method_errors(
     return out
 
 
-#: Why a profile is missing when py-spy is (see :func:`py_spy`).
-NO_PY_SPY = "py-spy not installed (python3 dev.py bench installs it)"
-
-
-def py_spy() -> str | None:
-    """The py-spy executable (on the PATH or beside this Python), or None without one."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    return spy if Path(spy).exists() else None
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def core_version() -> str:
-    """The git commit of the checkout, with ``+dirty`` when ``service/core`` has local edits."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--", "service/core"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
-def machine_info() -> dict[str, Any]:
-    import scipy
-    import sklearn
-
-    return {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "numpy": np.__version__,
-        "scipy": scipy.__version__,
-        "scikit-learn": sklearn.__version__,
-        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "core": core_version(),
-        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
-
-
-def command_line(module: str) -> str:
-    """The command that reproduces this run (from the repository root)."""
-    return shlex.join(["python", "-m", module, *sys.argv[1:]])
-
-
-def machine_block(info: dict[str, Any]) -> str:
-    return "\n".join(
-        [
-            f"- CPU: {info['cpu']} ({info['cores']} cores), {info['platform']}",
-            f"- Python {info['python']}, numpy {info['numpy']}, scipy {info['scipy']}, "
-            f"scikit-learn {info['scikit-learn']}",
-            f"- service.core at git {info['core']}",
-            f"- Date: {info['date']}; 1-minute load average when the run ended: "
-            f"{info['load_average_1m']} (the machine is shared; wall times are indicative)",
-        ]
-    )
-
-
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """Mean and sample standard deviation (ddof=1, as MATLAB's std), ignoring NaN."""
     arr = np.asarray(values, dtype=np.float64)
@@ -280,11 +193,6 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
     return float(arr.mean()), std
 
 
-def suffixed(stem: Path, suffix: str) -> Path:
-    """``stem`` with ``suffix`` appended (not ``with_suffix``: stems may contain dots)."""
-    return stem.with_name(stem.name + suffix)
-
-
 def skipped_lines(skipped: dict[str, str]) -> list[str]:
     """The report's list of data sets left out for missing data (none: no lines)."""
     if not skipped:
@@ -292,37 +200,5 @@ def skipped_lines(skipped: dict[str, str]) -> list[str]:
     return ["Skipped (data missing):", "", *(f"- {n}: {m}" for n, m in skipped.items()), ""]
 
 
-def write_results(out: Path, md: list[str], data: dict[str, Any]) -> None:
-    """``out``.md (the report's lines) and ``out``.json (``data``, one-space indent)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    suffixed(out, ".md").write_text("\n".join(md), encoding="utf-8")
-    suffixed(out, ".json").write_text(json.dumps(data, indent=1), encoding="utf-8")
-
-
 def fmt(mean: float, std: float) -> str:
     return f"{mean:.3f} ± {std:.3f}"
-
-
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_seconds(stat: Path) -> float:
-    """User + system CPU seconds from a ``/proc/<pid>[/task/<tid>]/stat`` file."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
-
-
-def thread_cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds of (the main thread, every other thread) of ``pid`` (threads that end
-    meanwhile are skipped)."""
-    main = other = 0.0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            cpu = cpu_seconds(task / "stat")
-        except (OSError, IndexError):
-            continue
-        if int(task.name) == pid:
-            main = cpu
-        else:
-            other += cpu
-    return main, other

@@ -13,15 +13,15 @@ round after round, so a change in the shared machine's load hits them alike):
     the same cluster with ``OPML_REDIS_WAIT_REPLICAS=1``: an append is acknowledged once its
     master's replica has it (one more round trip to Redis, plus the replica's).
 
-Measurements (``benchmarks.loadgen``, a separate process): REST single-sample ``POST
+Measurements (``benchmarks.harness.loadgen``, a separate process): REST single-sample ``POST
 .../samples`` open loop at ``--rate`` requests/s (latency from the scheduled send time, p50 and
 p99), and WebSocket binary frames of 256 samples at d = 64 on one connection with 32 frames in
 flight (acknowledged samples/s). The figure of a setup is the median over ``--rounds``; ratios
 are to ``single``. Everything (six redis-servers, three services, the generator) shares this
 machine's cores, so the replica's round trip competes with the load it measures.
 
-    .venv/bin/python -m benchmarks.replicas            # results/replicas.{md,json}
-    .venv/bin/python -m benchmarks.replicas --quick    # results/replicas_quick.{md,json}
+    .venv/bin/python -m benchmarks.perf.replicas            # results/replicas.{md,json}
+    .venv/bin/python -m benchmarks.perf.replicas --quick    # results/replicas_quick.{md,json}
 """
 
 from __future__ import annotations
@@ -37,28 +37,23 @@ from typing import Any
 
 import httpx
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    command_line,
-    machine_block,
-    machine_info,
-    suffixed,
-)
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed
 from devkit.launcher import ServiceProcess
 from service.storage.keys import ModelKeys
 from tests.service.cluster import LocalCluster
 from tests.service.support import RedisServer
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SETUPS = ("single", "cluster", "wait1")
 DIM = 64
 
 
 def loadgen(url: str, kind: str, *args: str | int | float) -> dict[str, Any]:
-    """One ``benchmarks.loadgen`` measurement as a separate process; its JSON result."""
+    """One ``benchmarks.harness.loadgen`` measurement as a separate process; its JSON result."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
-    cmd = [sys.executable, "-m", "benchmarks.loadgen", kind, "--url", url, "--out", str(out),
+    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", url, "--out", str(out),
            *(str(a) for a in args)]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True)
     result: dict[str, Any] = json.loads(out.read_text())
@@ -154,7 +149,7 @@ def main() -> None:
     result = measure(args)
     info = machine_info()
     stem = suffixed(RESULTS_DIR / "replicas", "_quick" if args.quick else "")
-    text = report(result, info, "benchmarks.replicas")
+    text = report(result, info, "benchmarks.perf.replicas")
     suffixed(stem, ".md").write_text(text)
     suffixed(stem, ".json").write_text(json.dumps({"machine": info, **result}, indent=1))
     print(text)

@@ -20,8 +20,8 @@ OPML and Euclidean; this is where gamma_pair matters. The same for ``step="scale
 
 Run from the repository root (about 25 minutes on 2 cores)::
 
-    bash benchmarks/get_data.sh          # once (see benchmarks/datasets.py)
-    python -m benchmarks.gamma_grid      # writes benchmarks/results/gamma_grid.{md,json}
+    bash benchmarks/quality/get_data.sh          # once (see benchmarks/quality/datasets.py)
+    python -m benchmarks.quality.gamma_grid      # writes benchmarks/results/gamma_grid.{md,json}
 """
 
 from __future__ import annotations
@@ -37,24 +37,21 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from benchmarks.common import (
-    RESULTS_DIR,
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line, write_results
+from benchmarks.quality.common import (
     Config,
     FloatArray,
     IntArray,
-    command_line,
     knn_error,
-    machine_block,
-    machine_info,
     make_learner,
     skipped_lines,
-    write_results,
     zscore,
 )
-from benchmarks.datasets import LOADERS, DataMissingError, load_segment, present
-from benchmarks.table2 import PAPER, cached_load
-from benchmarks.table4 import PAPER as PAPER4
-from benchmarks.table4 import cold_start_split
+from benchmarks.quality.datasets import LOADERS, DataMissingError, load_segment, present
+from benchmarks.quality.table2 import PAPER, cached_load
+from benchmarks.quality.table4 import PAPER as PAPER4
+from benchmarks.quality.table4 import cold_start_split
 from service.core.steps import DEFAULTS
 
 SEED = 1000
@@ -502,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{elapsed:.0f} s (part A {t_a:.0f} s)")
 
     info = machine_info()
-    command = command_line("benchmarks.gamma_grid")
+    command = command_line("benchmarks.quality.gamma_grid")
     md = [
         "# OPML / COPML hyperparameter grid",
         "",

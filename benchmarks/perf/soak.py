@@ -15,7 +15,7 @@ Redis memory (means over whole checkpoint cycles: the log is a sawtooth, trimmed
 checkpoint). The log and the idempotency records must stay under their design bounds:
 ``OPML_CHECKPOINT_EVERY + OPML_BATCH_MAX`` entries, and requests/s x retention records (+5 %).
 
-    .venv/bin/python -m benchmarks.soak --minutes 10
+    .venv/bin/python -m benchmarks.perf.soak --minutes 10
 
 Writes ``benchmarks/results/soak.{md,json,png}`` (:func:`measure` returns the series,
 :func:`judge` the verdict, :func:`markdown` and :func:`plot` render; ``--report-only``
@@ -36,7 +36,8 @@ import httpx
 import numpy as np
 import redis
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line
 from devkit.launcher import ServiceProcess
 
 BAR = 0.05
@@ -177,7 +178,7 @@ def main() -> None:
         rows, stats = measure(args)
         judged, bounds, passed = judge(rows, args)
         result = {
-            "command": command_line("benchmarks.soak"),
+            "command": command_line("benchmarks.perf.soak"),
             "machine": machine_info(),
             "settings": vars(args),
             "requests": stats,

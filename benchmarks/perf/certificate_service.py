@@ -1,7 +1,7 @@
 """Certificates through the service: latency and CPU of ``GET .../certificate`` next to the
 core's own computation on the same data, and whether other queries wait while one is computed.
 
-    .venv/bin/python -m benchmarks.certificate_service [--quick]
+    .venv/bin/python -m benchmarks.perf.certificate_service [--quick]
 
 Starts ``python -m service`` (:class:`devkit.launcher.ServiceProcess`, embedded Redis in a
 temporary dir) and, per dimension d (64 and 256), creates a model with ``holdout = 0.2``,
@@ -36,7 +36,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info, thread_cpu
+from benchmarks.harness.machine import machine_block, machine_info, thread_cpu
+from benchmarks.harness.results import RESULTS_DIR, command_line
 from devkit.launcher import ServiceProcess
 from service.core import Learner, LearnerConfig
 
@@ -202,7 +203,7 @@ def main() -> None:
             svc.close()
     info = machine_info()
     result = {
-        "command": command_line("benchmarks.certificate_service"),
+        "command": command_line("benchmarks.perf.certificate_service"),
         "machine": info,
         "wall_s": time.perf_counter() - started,
         "dims": dims_out,

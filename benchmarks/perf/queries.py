@@ -1,6 +1,6 @@
 """Query overhead, before / after: service CPU per request and latency of the query routes.
 
-    .venv/bin/python -m benchmarks.query_overhead --baseline /path/to/old/checkout [--quick]
+    .venv/bin/python -m benchmarks.perf.queries --baseline /path/to/old/checkout [--quick]
 
 Starts ``python -m service`` (:class:`devkit.launcher.ServiceProcess`, whose ``root`` runs
 another checkout's code) from this checkout ("after") and, with ``--baseline``, from another
@@ -12,7 +12,7 @@ alternation (``--rounds`` rounds; figures are the median over rounds), from this
   offered, open loop (fixed timetable, latency from the scheduled time, at most 64
   connections): p50 / p99 latency and the service's CPU per request (utime + stime of all its
   threads from ``/proc``, over the run, divided by the answers);
-* ``distance`` and ``verify`` at the same rate while a WebSocket ingestion (``benchmarks.loadgen
+* ``distance`` and ``verify`` at the same rate while a WebSocket ingestion (``benchmarks.harness.loadgen
   ws`` as a separate process, JSON frames of 64 samples, ``--ingest-rate`` samples/s) feeds the
   same model;
 * one-to-many ``distance`` of one vector against 10,000 x 128: a full-precision JSON body
@@ -45,14 +45,15 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info, thread_cpu
-from benchmarks.loadgen import JSON_HEADERS, RawPool, summary
-from benchmarks.loadgen import open_loop as loadgen_open_loop
+from benchmarks.harness.loadgen import JSON_HEADERS, RawPool, summary
+from benchmarks.harness.loadgen import open_loop as loadgen_open_loop
+from benchmarks.harness.machine import machine_block, machine_info, thread_cpu
+from benchmarks.harness.results import RESULTS_DIR, command_line
 from devkit.launcher import ServiceProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 D, GALLERY_D, GALLERY_N = 64, 128, 10_000
-MODEL = {"normalize": "l2"}  # as benchmarks.service_load: the contract's defaults, l2
+MODEL = {"normalize": "l2"}  # as benchmarks.perf.service_load: the contract's defaults, l2
 
 
 # -- the services under test ------------------------------------------------------------------
@@ -191,7 +192,7 @@ async def measure_round(service: Service, plan: Plan, tmp: Path) -> dict[str, An
         out[what] = await open_loop(service, "POST", path, pairs, plan.rate, plan.seconds)
     report = tmp / f"ingest-{service.label}.json"
     background = subprocess.Popen(  # loadgen's paced WS ingestion, as its own process
-        [sys.executable, "-m", "benchmarks.loadgen", "ws", "--url", service.url,
+        [sys.executable, "-m", "benchmarks.harness.loadgen", "ws", "--url", service.url,
          "--model", "q64", "--dim", str(D), "--frame", "64", "--encoding", "json",
          "--rate", str(plan.ingest_rate), "--seconds", str(2 * plan.seconds + 3),
          "--first-id", str(next(_BACKGROUND_RUNS)), "--out", str(report)],
@@ -410,7 +411,7 @@ def main() -> None:
         roots = {"before": args.baseline.resolve(), **roots}
     runs = measure(plan, roots)
     data: dict[str, Any] = {
-        "command": command_line("benchmarks.query_overhead"),
+        "command": command_line("benchmarks.perf.queries"),
         "baseline": args.baseline_label or (str(args.baseline) if args.baseline else None),
         "plan": plan.__dict__,
         "runs": runs,

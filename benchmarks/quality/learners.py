@@ -1,7 +1,7 @@
 """The learners side by side: OPML, COPML, sgd (hinge / smooth), sgd_psd and brm (issue 15).
 
-    python3 dev.py bench && bash benchmarks/get_data.sh
-    .venv/bin/python -m benchmarks.learners [--quick] [--parts table2,timing,brm]
+    python3 dev.py bench && bash benchmarks/quality/get_data.sh
+    .venv/bin/python -m benchmarks.quality.learners [--quick] [--parts table2,timing,brm]
 
 Three parts, one run, one results file (``benchmarks/results/learners.{md,json,png}``):
 
@@ -52,19 +52,10 @@ import numpy as np
 from sklearn.metrics import auc, roc_curve
 from sklearn.model_selection import train_test_split
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    FloatArray,
-    IntArray,
-    command_line,
-    fmt,
-    knn_error,
-    machine_block,
-    machine_info,
-    mean_std,
-    zscore,
-)
-from benchmarks.datasets import (
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line
+from benchmarks.quality.common import FloatArray, IntArray, fmt, knn_error, mean_std, zscore
+from benchmarks.quality.datasets import (
     LOADERS,
     load,
     load_australian,
@@ -74,7 +65,7 @@ from benchmarks.datasets import (
     load_vehicle,
     present,
 )
-from benchmarks.table2 import PAPER
+from benchmarks.quality.table2 import PAPER
 from service.core import BRM, COPML, OPML, SGD, SGDPSD, Learner, LearnerConfig
 from service.core.brm import restricted_squared_norms
 
@@ -580,7 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["timing"] = run_timing(args.repeats, args.quick)
         seconds["timing"] = time.perf_counter() - t0
     info = machine_info()
-    command = command_line("benchmarks.learners")
+    command = command_line("benchmarks.quality.learners")
     md = [
         "# The learners side by side: OPML, COPML, sgd, sgd_psd, brm",
         "",

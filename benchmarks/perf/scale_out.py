@@ -31,8 +31,8 @@ for the lease to expire). Per model, *unavailable* is the time from the first fa
 (> 1 s) probe to the next answered one, summed over the window; p50 and p99 over the six models
 (a model that did not move has 0), with the probes' latency p99.
 
-    .venv/bin/python -m benchmarks.scale_out --baseline-root ../opml-before   # results/scale_out.*
-    .venv/bin/python -m benchmarks.scale_out --baseline-root ../opml-before --quick
+    .venv/bin/python -m benchmarks.perf.scale_out --baseline-root ../opml-before   # results/scale_out.*
+    .venv/bin/python -m benchmarks.perf.scale_out --baseline-root ../opml-before --quick
 
 The machine is shared (2 cores here, shared with the load generator and Redis): CPU seconds per
 sample are the robust figure; wall-clock figures are indicative.
@@ -51,14 +51,8 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import (
-    RESULTS_DIR,
-    command_line,
-    cpu_seconds,
-    machine_block,
-    machine_info,
-    suffixed,
-)
+from benchmarks.harness.machine import cpu_seconds, machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed
 from clients.aio import AsyncOPMLClient
 from devkit.launcher import ServiceProcess
 from tests.service.support import RedisServer
@@ -372,7 +366,7 @@ def main() -> None:
     result = measure(args)
     info["load_average_1m"] = machine_info()["load_average_1m"]
     stem = suffixed(RESULTS_DIR / "scale_out", "_quick" if args.quick else "")
-    text = report(result, info, "benchmarks.scale_out", args)
+    text = report(result, info, "benchmarks.perf.scale_out", args)
     RESULTS_DIR.mkdir(exist_ok=True)
     suffixed(stem, ".md").write_text(text)
     suffixed(stem, ".json").write_text(json.dumps({"machine": info, **result}, indent=2))

@@ -1,6 +1,6 @@
 """Time per sample of the core update: ours (Eq. 16, O(d^2)) vs a naive O(d^3) inverse (Eq. 12).
 
-    python3 dev.py bench && .venv/bin/python -m benchmarks.core_timing [--quick]
+    python3 dev.py bench && .venv/bin/python -m benchmarks.perf.core_timing [--quick]
 
 Side by side in one run, at d in {21, 64, 310, 1024} (plus 128 and 512 for the slope):
 
@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, command_line, machine_block, machine_info
+from benchmarks.harness.machine import machine_block, machine_info
+from benchmarks.harness.results import RESULTS_DIR, command_line
 from service.core import Learner, LearnerConfig
 
 PAPER_MS = {21: 0.026, 64: 0.023, 310: 1.7}
@@ -144,7 +145,7 @@ def measure(quick: bool) -> dict[str, Any]:
     ds_n = np.array([r["d"] for r in rows if r["d"] >= 128], dtype=float)
     tn = np.array([r["naive_ms"] for r in rows if r["d"] >= 128])
     return {
-        "command": command_line("benchmarks.core_timing"),
+        "command": command_line("benchmarks.perf.core_timing"),
         "quick": quick,
         "machine": machine_info(),
         "load_start": load_start,
