@@ -106,12 +106,14 @@ class GroupCommit:
 class Floor:
     """The ASGI app (see the module docstring)."""
 
-    def __init__(self, redis_url: str, dim: int, gallery: int) -> None:
+    def __init__(self, redis_url: str, dim: int, gallery: int, gallery_dim: int) -> None:
         self.redis_url, self.dim = redis_url, dim
-        rng = np.random.default_rng(0)
-        #: The cached matrix of the queries, and the gallery already transformed (G L^T).
-        self.L = np.eye(dim) + 0.01 * rng.normal(size=(dim, dim))
-        self.GL = rng.normal(size=(gallery, dim)) @ self.L.T
+        #: The cached matrices of the queries, one per dimension asked for.
+        self.matrices: dict[int, np.ndarray] = {}
+        #: The identification gallery, already transformed (G L^T).
+        rng = np.random.default_rng(1)
+        self.GL = rng.normal(size=(gallery, gallery_dim)) @ self.matrix(gallery_dim).T
+        self.GL_sq = np.einsum("ij,ij->i", self.GL, self.GL)
         self.commit: GroupCommit | None = None
         self.frames = 0
 
@@ -134,6 +136,12 @@ class Floor:
             elif message["type"] == "lifespan.shutdown":
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def matrix(self, d: int) -> np.ndarray:
+        if d not in self.matrices:
+            rng = np.random.default_rng(d)
+            self.matrices[d] = np.eye(d) + 0.01 * rng.normal(size=(d, d))
+        return self.matrices[d]
 
     def vector(self, value: Any) -> bytes:
         x = np.asarray(value, dtype=np.float64)
@@ -170,7 +178,9 @@ class Floor:
             if not message.get("more_body"):
                 break
         path: str = scope["path"]
-        status, answer = 200, b'{"status":"ok"}'
+        status, answer = 404, b'{"detail":"not a route of the floor"}'
+        if path == "/livez":
+            status, answer = 200, b'{"status":"ok"}'
         try:
             if path.endswith("/samples"):
                 self.frames += 1
@@ -179,23 +189,28 @@ class Floor:
                 answer = b'{"accepted":%d,"first_seq":%d,"last_seq":%d}' % (
                     last - first + 1, first, last)  # fmt: skip
             elif path.endswith(("/distance", "/verify")):
+                status = 200
                 doc = json.loads(body)
                 a, b = np.asarray(doc["a"], np.float64), np.asarray(doc["b"], np.float64)
-                distance = float(np.linalg.norm(self.L @ (a - b)))
+                if a.ndim != 1 or b.shape[-1] != a.shape[0]:
+                    raise ValueError("a, b: vectors of one dimension")
+                z = (b - a) @ self.matrix(a.shape[0]).T  # one pair, or one-to-many
+                distance = np.sqrt(np.einsum("...i,...i->...", z, z))
                 if path.endswith("/verify"):
-                    answer = json.dumps({"distance": distance, "same": distance < 1.0}).encode()
+                    same = bool(distance < 1.0)
+                    answer = json.dumps({"distance": float(distance), "same": same}).encode()
                 else:
-                    answer = json.dumps({"distance": distance}).encode()
+                    answer = json.dumps({"distance": distance.tolist()}).encode()
             elif path.endswith("/identify"):
+                status = 200
                 doc = json.loads(body)
-                z = self.L @ np.asarray(doc["x"], np.float64)
-                d2 = np.einsum("ij,ij->i", self.GL - z, self.GL - z)
+                z = self.matrix(self.GL.shape[1]) @ np.asarray(doc["x"], np.float64)
+                d2 = self.GL_sq - 2.0 * (self.GL @ z) + z @ z
                 k = min(int(doc.get("k", 5)), len(d2))
                 top = np.argpartition(d2, k - 1)[:k]
                 top = top[np.argsort(d2[top])]
-                answer = json.dumps(
-                    {"matches": [{"item": int(i), "distance": float(np.sqrt(d2[i]))} for i in top]}
-                ).encode()
+                matches = [{"id": int(i), "squared_distance": float(d2[i])} for i in top]
+                answer = json.dumps({"matches": matches}).encode()
         except (ValueError, KeyError, TypeError) as exc:
             status, answer = 422, json.dumps({"detail": str(exc)}).encode()
         await send({"type": "http.response.start", "status": status,
@@ -246,10 +261,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--gallery", type=int, default=10_000, help="identify: gallery items")
+    parser.add_argument("--gallery-dim", type=int, default=128, help="identify: their d")
     parser.add_argument("--ws-per-message-deflate", action="store_true")
     args = parser.parse_args(argv)
     uvicorn.run(
-        Floor(args.redis_url, args.dim, args.gallery),
+        Floor(args.redis_url, args.dim, args.gallery, args.gallery_dim),
         host=args.host,
         port=args.port,
         log_level="warning",

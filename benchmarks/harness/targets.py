@@ -82,7 +82,7 @@ def start_service(
 
 @contextlib.contextmanager
 def start_floor(
-    redis_url: str, workdir: Path, dim: int, gallery: int = 10_000
+    redis_url: str, workdir: Path, dim: int, gallery: int = 10_000, gallery_dim: int = 128
 ) -> Iterator[Target]:
     """The floor app (:mod:`benchmarks.harness.floor`) on ``redis_url``; stopped (SIGTERM, then
     SIGKILL after 10 s) when the block ends."""
@@ -91,7 +91,8 @@ def start_floor(
     with open(workdir / f"floor-{port}.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.harness.floor", "--redis-url", redis_url,
-             "--port", str(port), "--dim", str(dim), "--gallery", str(gallery)],
+             "--port", str(port), "--dim", str(dim), "--gallery", str(gallery),
+             "--gallery-dim", str(gallery_dim)],
             cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"

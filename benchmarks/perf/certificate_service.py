@@ -20,13 +20,12 @@ measures, sequentially from this process:
   2 cores shared with the learner).
 
 The machine is shared and noisy: compare the ratios. Nothing is asserted. Writes
-``benchmarks/results/certificate_service{,_quick}.{md,json}``.
+``benchmarks/results/certificate_service.{md,json}``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import threading
 import time
@@ -36,8 +35,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info, thread_cpu
-from benchmarks.harness.results import RESULTS_DIR, command_line
+from benchmarks.harness.results import command_line, result_stem, write_results
 from devkit.launcher import ServiceProcess
 from service.core import Learner, LearnerConfig
 
@@ -188,10 +188,10 @@ def report(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="d = 64 only, fewer repeats")
-    args = parser.parse_args()
+    args = parse(parser, argv)
     dims = (64,) if args.quick else (64, 256)
     repeats, verifies = (3, 200) if args.quick else (7, 500)
     started = time.perf_counter()
@@ -208,10 +208,8 @@ def main() -> None:
         "wall_s": time.perf_counter() - started,
         "dims": dims_out,
     }
-    stem = "certificate_service_quick" if args.quick else "certificate_service"
-    (RESULTS_DIR / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     text = report(result)
-    (RESULTS_DIR / f"{stem}.md").write_text(text)
+    write_results(result_stem("certificate_service", args.quick), [text], result)
     print(text)
 
 

@@ -21,15 +21,15 @@ The paper's Table I (MATLAB, 2016 hardware) is printed beside: 0.026 ms (d=21), 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from typing import Any
 
 import numpy as np
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line
+from benchmarks.harness.results import command_line, result_stem, write_results
 from service.core import Learner, LearnerConfig
 
 PAPER_MS = {21: 0.026, 64: 0.023, 310: 1.7}
@@ -194,17 +194,14 @@ def report(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (a smoke run)")
-    args = parser.parse_args()
+    args = parse(parser, argv)
     data = measure(args.quick)
     text = report(data)
     print(text)
-    suffix = "_quick" if args.quick else ""
-    RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / f"core_timing{suffix}.md").write_text(text)
-    (RESULTS_DIR / f"core_timing{suffix}.json").write_text(json.dumps(data, indent=2))
+    write_results(result_stem("core_timing", args.quick), [text], data)
 
 
 if __name__ == "__main__":

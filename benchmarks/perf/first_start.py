@@ -21,7 +21,6 @@ ratios. Writes ``benchmarks/results/first_start.{md,json}``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -35,8 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line
+from benchmarks.harness.results import command_line, result_stem, write_results
 from service.storage.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -177,24 +177,28 @@ def report(results: dict[str, dict[str, Any]], baseline: str, info: dict[str, An
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+#: ``--quick``: the start alone, not the switch from ``bench`` back to ``serve``.
+QUICK = {"skip_bench_switch": True}
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--baseline", required=True, help="git revision to compare with")
     parser.add_argument(
         "--skip-bench-switch", action="store_true", help="do not measure serve after bench"
     )
-    args = parser.parse_args()
+    args = parse(parser, argv, QUICK)
     with tempfile.TemporaryDirectory(prefix="first-start-") as tmp:
         results = {
             "before": measure("before", args.baseline, Path(tmp), not args.skip_bench_switch),
             "after": measure("after", None, Path(tmp), not args.skip_bench_switch),
         }
     info = machine_info()
-    RESULTS_DIR.mkdir(exist_ok=True)
     text = report(results, args.baseline, info)
-    (RESULTS_DIR / "first_start.md").write_text(text)
-    (RESULTS_DIR / "first_start.json").write_text(
-        json.dumps({"machine": info, "baseline": args.baseline, "results": results}, indent=2)
+    write_results(
+        result_stem("first_start", args.quick),
+        [text],
+        {"machine": info, "baseline": args.baseline, "results": results},
     )
     print(text)
 

@@ -43,9 +43,10 @@ import httpx
 import numpy as np
 from threadpoolctl import threadpool_limits
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.loadgen import RawPool, open_loop, summary
 from benchmarks.harness.machine import machine_block, machine_info, thread_cpu
-from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed
+from benchmarks.harness.results import command_line, result_stem, write_results
 from devkit.launcher import ServiceProcess
 from service.core import normalize_rows
 from service.core.gallery import OVERSAMPLE, TransformedGallery, refresh_method
@@ -510,12 +511,12 @@ def report(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="a smoke run (smaller, shorter)")
     parser.add_argument("--rate-10k", type=float, default=50.0, help="queries/s, 10,000 items")
     parser.add_argument("--rate-100k", type=float, default=5.0, help="queries/s, 100,000 items")
-    args = parser.parse_args()
+    args = parse(parser, argv)
     quick = args.quick
     plan = {
         "seconds": 5.0 if quick else 30.0,
@@ -541,10 +542,8 @@ def main() -> None:
         "core": core,
         "service": service,
     }
-    stem = suffixed(RESULTS_DIR / "identify", "_quick" if quick else "")
-    suffixed(stem, ".json").write_text(json.dumps(data, indent=1))
     text = report(data)
-    suffixed(stem, ".md").write_text(text)
+    write_results(result_stem("identify", quick), [text], data)
     print(text)
 
 

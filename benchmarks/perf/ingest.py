@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 #: What ``--quick`` sets (explicit options still win).
-QUICK = {"rounds": 1, "seconds": 2.0, "requests": 300}
+QUICK = {"rounds": 1, "seconds": 1.0, "requests": 200}
 
 
 def main(argv: list[str] | None = None) -> None:

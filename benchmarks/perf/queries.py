@@ -1,28 +1,28 @@
-"""Query overhead, before / after: service CPU per request and latency of the query routes.
+"""Queries: the service beside the floor of its stack, in one run, as ratios.
 
-    .venv/bin/python -m benchmarks.perf.queries --baseline /path/to/old/checkout [--quick]
+    python3 dev.py bench queries [--quick]
+    .venv/bin/python -m benchmarks.perf.queries [--baseline /path/to/old/checkout] [--quick]
 
-Starts ``python -m service`` (:class:`devkit.launcher.ServiceProcess`, whose ``root`` runs
-another checkout's code) from this checkout ("after") and, with ``--baseline``, from another
-checkout of the repository ("before", e.g. ``git worktree add /tmp/base <commit>``), each on
-its own embedded Redis in a temporary dir, both running at once, and measures them in
-alternation (``--rounds`` rounds; figures are the median over rounds), from this process:
+Starts ``python -m service`` (:func:`benchmarks.harness.targets.start_service`: embedded
+Redis, ``appendfsync always``) and the floor app (:mod:`benchmarks.harness.floor`: parse, one
+read of a matrix cached in the process, numpy, answer) and, with ``--baseline``, the service
+from another checkout (``before``); all run at once and are measured in alternation by the
+same client (``--rounds`` rounds; figures are the median over rounds):
 
-* ``GET /livez``, ``distance`` and ``verify`` (d = 64, one pair each) at ``--rate`` requests/s
-  offered, open loop (fixed timetable, latency from the scheduled time, at most 64
-  connections): p50 / p99 latency and the service's CPU per request (utime + stime of all its
-  threads from ``/proc``, over the run, divided by the answers);
-* ``distance`` and ``verify`` at the same rate while a WebSocket ingestion (``benchmarks.harness.loadgen
-  ws`` as a separate process, JSON frames of 64 samples, ``--ingest-rate`` samples/s) feeds the
-  same model;
+* ``GET /livez``, ``distance`` and ``verify`` (d = 64, one pair each) at ``--rate``
+  requests/s offered, and ``identify`` (k = 5, against ``--gallery`` items of d = 128) at
+  ``--identify-rate``, open loop (fixed timetable, latency from the scheduled time, at most
+  64 connections): p50 / p99 latency and the server's CPU per request (utime + stime of all
+  its threads from ``/proc``, over the run, divided by the answers);
+* ``distance`` and ``verify`` at the same rate while a WebSocket ingestion
+  (``benchmarks.harness.loadgen ws`` as a separate process, JSON frames of 64 samples,
+  ``--ingest-rate`` samples/s) feeds the same model;
 * one-to-many ``distance`` of one vector against 10,000 x 128: a full-precision JSON body
   (~25 MB), the ``.npz`` body with a JSON answer, and ``.npz`` with ``Accept:
-  application/x-npy``; sequential queries; latency per query and service CPU per query.
-  ("before" has no binary gallery: n/a.)
+  application/x-npy``; sequential queries; latency per query and server CPU per query.
 
-The machine is shared and noisy: compare the ratios. Nothing is asserted. Writes
-``benchmarks/results/query_overhead{,_quick}.{md,json}`` (:func:`measure` returns the rounds'
-figures, :func:`report` renders them; ``--report-only`` re-renders a saved JSON).
+The headline is service / floor (CPU per request, p99). The machine may be shared: the ratios
+are what travels. Nothing is asserted. Writes ``benchmarks/results/queries.{md,json}``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import contextlib
 import io
 import itertools
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -45,11 +44,13 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.loadgen import JSON_HEADERS, RawPool, summary
 from benchmarks.harness.loadgen import open_loop as loadgen_open_loop
-from benchmarks.harness.machine import machine_block, machine_info, thread_cpu
-from benchmarks.harness.results import RESULTS_DIR, command_line
-from devkit.launcher import ServiceProcess
+from benchmarks.harness.machine import loadavg, machine_block, machine_info
+from benchmarks.harness.results import result_stem, run_record, write_results
+from benchmarks.harness.targets import Target, start_floor, start_service
+from benchmarks.perf.identify import enrol
 
 ROOT = Path(__file__).resolve().parents[2]
 D, GALLERY_D, GALLERY_N = 64, 128, 10_000
@@ -59,24 +60,9 @@ MODEL = {"normalize": "l2"}  # as benchmarks.perf.service_load: the contract's d
 # -- the services under test ------------------------------------------------------------------
 
 
-@dataclass
-class Service:
-    """One side of the comparison: a label and ``python -m service`` from a checkout."""
-
-    label: str
-    process: ServiceProcess
-
-    @property
-    def url(self) -> str:
-        return self.process.url
-
-    def cpu(self) -> float:
-        """CPU seconds (user + system) of every thread of the service process."""
-        return sum(thread_cpu(self.process.pid))
-
-
-def prepare(service: Service) -> None:
-    """Models ``q64`` (d = 64) and ``g128`` (d = 128), each fed 512 samples and applied."""
+def prepare(service: Target, gallery_items: int) -> None:
+    """Models ``q64`` (d = 64) and ``g128`` (d = 128), each fed 512 samples and applied, and a
+    gallery of ``gallery_items`` random vectors on ``g128``."""
     rng = np.random.default_rng(0)
     with httpx.Client(base_url=service.url, timeout=120) as client:
         for name, d in (("q64", D), ("g128", GALLERY_D)):
@@ -85,6 +71,7 @@ def prepare(service: Service) -> None:
             samples = [{"x": x.tolist(), "y": int(i % 10)} for i, x in enumerate(X)]
             answer = client.post(f"/v1/models/{name}/samples?wait=true", json={"samples": samples})
             answer.raise_for_status()
+        enrol(client, "g128", rng.normal(size=(gallery_items, GALLERY_D)))
 
 
 # -- a lean HTTP/1.1 client (the generator's own cost stays small) ------------------------------
@@ -101,7 +88,7 @@ def latency_row(result: dict[str, Any]) -> dict[str, Any]:
 
 
 async def open_loop(
-    service: Service, method: str, path: str, bodies: list[bytes], rate: float, seconds: float
+    service: Target, method: str, path: str, bodies: list[bytes], rate: float, seconds: float
 ) -> dict[str, Any]:
     """``rate`` requests/s on a fixed timetable (:func:`loadgen.open_loop`: latency from each
     scheduled time), after 50 warm-up requests; with the service's CPU per answer."""
@@ -123,6 +110,12 @@ async def open_loop(
         "errors": r["requests"] - r["statuses"].get("200", 0),
         "cpu_us_per_request": cpu / max(answered, 1) * 1e6,
     }
+
+
+def identify_bodies(count: int = 256) -> list[bytes]:
+    rng = np.random.default_rng(4)
+    X = rng.normal(size=(count, GALLERY_D))
+    return [json.dumps({"x": x.tolist(), "k": 5}).encode() for x in X]
 
 
 def pair_bodies(d: int, count: int = 256) -> list[bytes]:
@@ -147,7 +140,7 @@ def gallery_bodies() -> dict[str, tuple[str, bytes]]:
     }
 
 
-async def gallery(service: Service, headers: str, body: bytes, queries: int) -> dict[str, Any]:
+async def gallery(service: Target, headers: str, body: bytes, queries: int) -> dict[str, Any]:
     pool = RawPool(service.url, 1)
     path = "/v1/models/g128/distance"
     status, _ = await pool.request("POST", path, body, headers)
@@ -180,16 +173,22 @@ class Plan:
     ingest_rate: float
     json_queries: int
     npz_queries: int
+    identify_rate: float
+    gallery_items: int
 
 
-async def measure_round(service: Service, plan: Plan, tmp: Path) -> dict[str, Any]:
-    """One round on one service: every row of :data:`ROWS`."""
+async def measure_round(service: Target, plan: Plan, tmp: Path) -> dict[str, Any]:
+    """One round on one server: every row of :data:`ROWS`."""
     out: dict[str, Any] = {}
     pairs = pair_bodies(D)
     out["livez"] = await open_loop(service, "GET", "/livez", [b""], plan.rate, plan.seconds)
     for what in ("distance", "verify"):
         path = f"/v1/models/q64/{what}"
         out[what] = await open_loop(service, "POST", path, pairs, plan.rate, plan.seconds)
+    out["identify"] = await open_loop(
+        service, "POST", "/v1/models/g128/identify", identify_bodies(), plan.identify_rate,
+        plan.seconds,
+    )  # fmt: skip
     report = tmp / f"ingest-{service.label}.json"
     background = subprocess.Popen(  # loadgen's paced WS ingestion, as its own process
         [sys.executable, "-m", "benchmarks.harness.loadgen", "ws", "--url", service.url,
@@ -217,6 +216,7 @@ ROWS = [
     ("livez", "`GET /livez` (HTTP stack floor)"),
     ("distance", "distance, one pair (d = 64)"),
     ("verify", "verify (d = 64)"),
+    ("identify", "identify, k = 5 (gallery x 128)"),
     ("distance_ingesting", "distance during WS ingestion"),
     ("verify_ingesting", "verify during WS ingestion"),
     ("gallery_json", "one-to-many 10,000 x 128, JSON body (25 MB)"),
@@ -244,48 +244,52 @@ def _f(v: float | None, digits: int = 2) -> str:
     return "n/a" if v is None else f"{v:,.{digits}f}"
 
 
-def _ratio(before: float | None, after: float | None) -> str:
-    return "-" if before is None or after is None or after == 0 else f"{before / after:.1f}x"
+def _ratio(num: float | None, den: float | None) -> str:
+    return "-" if num is None or den is None or den == 0 else f"{num / den:.2f}"
 
 
 def report(data: dict[str, Any], quick: bool) -> str:
-    after = data["table"]["after"]
-    before = data["table"].get("before")
+    table = data["table"]
+    service, floor, before = table["service"], table["floor"], table.get("before")
+    plan = data["plan"]
     lines = [
-        "# Query overhead: service CPU per request and latency, before / after",
+        "# Queries: the service beside the floor of its stack",
         "",
-        "Generated by `benchmarks/query_overhead.py`; do not edit by hand. Command (repository "
-        "root):",
+        "Generated by `benchmarks/perf/queries.py`; do not edit by hand.",
         "",
-        f"    {data['command']}",
+        f"    {data['run']['command']}",
         "",
         machine_block(data["machine"]),
-        f"- Before: `{data['baseline']}`; after: this checkout. Both services ran at once "
-        f"(embedded Redis, appendfsync always) and were measured in alternation, "
-        f"{data['plan']['rounds']} round(s); each figure is the median over rounds.",
+        f"- The service (embedded Redis, `appendfsync always`) and the floor app (parse, one "
+        f"read of a matrix cached in the process, numpy, answer) ran at once and were measured "
+        f"in alternation by the same client, {plan['rounds']} round(s); each figure is the "
+        "median over rounds"
+        + (f"; `before`: `{data['baseline']}`." if before else "."),
         f"- Load average (1, 5, 15 min) at start: {data['load_start']}, at end: "
-        f"{data['load_end']}; wall time {data['wall_s']:.0f} s",
+        f"{data['load_end']}; wall time {data['wall_s']:.0f} s.",
         "",
-        f"Pairs: open loop at {data['plan']['rate']:.0f} requests/s for "
-        f"{data['plan']['seconds']:.0f} s (latency from the scheduled time); service CPU = utime "
-        "+ stime of all its threads over the run / answers. During ingestion: a WebSocket "
-        f"ingestion of {data['plan']['ingest_rate']:.0f} samples/s offered (JSON frames of 64) "
-        "on the same model. One-to-many: sequential queries, latency per query including the "
-        "transfer of the body.",
+        f"Pairs: open loop at {plan['rate']:.0f} requests/s for {plan['seconds']:.0f} s "
+        f"(identify: {plan['identify_rate']:.0f}/s against {plan['gallery_items']:,} items; "
+        "latency from the scheduled time); server CPU = utime + stime of all its threads over "
+        "the run / answers. During ingestion: a WebSocket ingestion of "
+        f"{plan['ingest_rate']:.0f} samples/s offered (JSON frames of 64) on the same model. "
+        "One-to-many: sequential queries, latency per query including the transfer of the "
+        "body (the floor reads JSON only, with the standard library: n/a for `.npz`).",
         "",
-        "| what | CPU us/request before | after | ratio | p50 ms before | after | p99 ms "
-        "before | after | p99 ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| what | CPU us/request, service / floor | service | floor | p99 ms, service / floor "
+        "| service | floor |" + (" CPU, service / before |" if before else ""),
+        "|---|---|---|---|---|---|---|" + ("---|" if before else ""),
     ]
     for key, label in ROWS:
-        a = after[key]
-        b = before[key] if before else {"cpu_us_per_request": None, "p50_ms": None, "p99_ms": None}
-        lines.append(
-            f"| {label} | {_f(b['cpu_us_per_request'], 0)} | {_f(a['cpu_us_per_request'], 0)} | "
-            f"{_ratio(b['cpu_us_per_request'], a['cpu_us_per_request'])} | {_f(b['p50_ms'])} | "
-            f"{_f(a['p50_ms'])} | {_f(b['p99_ms'])} | {_f(a['p99_ms'])} | "
-            f"{_ratio(b['p99_ms'], a['p99_ms'])} |"
+        a, f = service[key], floor[key]
+        row = (
+            f"| {label} | **{_ratio(a['cpu_us_per_request'], f['cpu_us_per_request'])}** | "
+            f"{_f(a['cpu_us_per_request'], 0)} | {_f(f['cpu_us_per_request'], 0)} | "
+            f"**{_ratio(a['p99_ms'], f['p99_ms'])}** | {_f(a['p99_ms'])} | {_f(f['p99_ms'])} |"
         )
+        if before:
+            row += f" {_ratio(a['cpu_us_per_request'], before[key]['cpu_us_per_request'])} |"
+        lines.append(row)
     failed = {
         label: sum(r[key].get("errors", 0) for r in runs for key, _ in ROWS if key in r)
         for label, runs in data["runs"].items()
@@ -295,8 +299,9 @@ def report(data: dict[str, Any], quick: bool) -> str:
         "Requests that failed or were not answered 200 (all rounds): "
         + ", ".join(f"{label} {n}" for label, n in failed.items())
         + ".",
+        "",
+        "Background ingestion achieved (samples/s acknowledged, median over rounds):",
     ]
-    lines += ["", "Background ingestion achieved (samples/s acknowledged, median over rounds):"]
     for label, runs in data["runs"].items():
         rate = median([r["background_ingestion"]["acked_per_s"] for r in runs])
         lines.append(f"- {label}: {_f(rate, 0)}")
@@ -305,11 +310,11 @@ def report(data: dict[str, Any], quick: bool) -> str:
         lines += [
             "",
             "Core alone, `squared_distances(a, B)` for 10,000 x 128 (`normalize: l2`, best / "
-            "median of 15, this process): "
-            f"before (one GEMM `(B - a) L^T` on the whole gallery) {core['before_ms'][0]:.1f} / "
-            f"{core['before_ms'][1]:.1f} ms; after (blocks of 1,024 rows, triangular factor, "
-            f"one BLAS thread) {core['after_ms'][0]:.1f} / {core['after_ms'][1]:.1f} ms; max "
-            f"relative difference {core['max_rel_diff']:.1e}.",
+            "median of 15, this process): one GEMM `(B - a) L^T` on the whole gallery "
+            f"{core['before_ms'][0]:.1f} / {core['before_ms'][1]:.1f} ms; the core's method "
+            "(blocks of 1,024 rows, triangular factor, one BLAS thread) "
+            f"{core['after_ms'][0]:.1f} / {core['after_ms'][1]:.1f} ms; max relative "
+            f"difference {core['max_rel_diff']:.1e}.",
         ]
     if quick:
         lines += ["", "(`--quick`: shorter runs, one round; indicative only.)"]
@@ -348,26 +353,34 @@ def core_timing() -> dict[str, Any]:
     }
 
 
-def measure(plan: Plan, roots: dict[str, Path]) -> dict[str, list[dict[str, Any]]]:
-    """Start one service per checkout in ``roots`` (label -> checkout), all at once, and
+def measure(plan: Plan, baseline: Path | None) -> dict[str, list[dict[str, Any]]]:
+    """Start the service (and a ``baseline`` checkout's) and the floor app, all at once, and
     measure them in alternation, ``plan.rounds`` rounds: label -> the rounds' figures."""
-    with tempfile.TemporaryDirectory(prefix="query-overhead-") as tmp_name, \
+    with tempfile.TemporaryDirectory(prefix="bench-queries-") as tmp_name, \
             contextlib.ExitStack() as stack:  # fmt: skip
         tmp = Path(tmp_name)
-        services = []
+        targets: list[Target] = []
+        roots = {"service": None} | ({"before": baseline.resolve()} if baseline else {})
+        redis_url = ""
         for label, root in roots.items():
-            process = ServiceProcess(tmp / label, None, root=root)
-            stack.enter_context(process.start(timeout=90))
-            services.append(Service(label, process))
-            prepare(services[-1])
-            print(f"{label}: {root} on {process.url}", flush=True)
-        runs: dict[str, list[dict[str, Any]]] = {s.label: [] for s in services}
+            target, process = stack.enter_context(start_service(label, tmp / label, root))
+            prepare(target, plan.gallery_items)
+            targets.append(target)
+            if label == "service":
+                redis = process.embedded_redis()
+                assert redis is not None, "the service runs its embedded Redis"
+                redis_url = f"redis://127.0.0.1:{redis[1]}/0"
+        floor = stack.enter_context(
+            start_floor(redis_url, tmp, D, gallery=plan.gallery_items, gallery_dim=GALLERY_D)
+        )
+        targets.insert(1, floor)
+        runs: dict[str, list[dict[str, Any]]] = {t.label: [] for t in targets}
         for k in range(plan.rounds):
-            for service in services:
-                result = asyncio.run(measure_round(service, plan, tmp))
-                runs[service.label].append(result)
+            for target in targets:
+                result = asyncio.run(measure_round(target, plan, tmp))
+                runs[target.label].append(result)
                 print(
-                    f"round {k + 1} {service.label}: "
+                    f"round {k + 1} {target.label}: "
                     + ", ".join(
                         f"{key} {result[key].get('cpu_us_per_request', float('nan')):.0f} us "
                         f"p99 {result[key].get('p99_ms', float('nan')):.2f} ms"
@@ -379,54 +392,50 @@ def measure(plan: Plan, roots: dict[str, Path]) -> dict[str, list[dict[str, Any]
     return runs
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--baseline", type=Path, help="a checkout of the code to compare with")
+#: What ``--quick`` sets (explicit options still win).
+QUICK = {"rounds": 1, "seconds": 1.0, "gallery": 1000}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.perf.queries", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--baseline", type=Path, help="also a checkout of the code before")
     parser.add_argument("--baseline-label", help="what the baseline is, for the report")
-    parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=6.0)
     parser.add_argument("--rate", type=float, default=1000.0)
+    parser.add_argument("--identify-rate", type=float, default=200.0)
+    parser.add_argument("--gallery", type=int, default=10_000, help="identify: gallery items")
     parser.add_argument("--ingest-rate", type=float, default=5000.0)
-    parser.add_argument(
-        "--report-only", action="store_true",
-        help="re-render the .md from the saved .json (no measurement)",
-    )  # fmt: skip
-    args = parser.parse_args()
-    suffix = "_quick" if args.quick else ""
-    if args.report_only:
-        data = json.loads((RESULTS_DIR / f"query_overhead{suffix}.json").read_text())
-        (RESULTS_DIR / f"query_overhead{suffix}.md").write_text(report(data, args.quick))
-        return
+    args = parse(parser, argv, QUICK)
     plan = Plan(
-        rounds=1 if args.quick else args.rounds,
-        seconds=3.0 if args.quick else 6.0,
+        rounds=args.rounds,
+        seconds=args.seconds,
         rate=args.rate,
         ingest_rate=args.ingest_rate,
-        json_queries=2 if args.quick else 4,
-        npz_queries=10 if args.quick else 30,
+        json_queries=1 if args.quick else 4,
+        npz_queries=3 if args.quick else 30,
+        identify_rate=args.identify_rate,
+        gallery_items=args.gallery,
     )
-    started, load_start = time.time(), [round(v, 2) for v in os.getloadavg()]
-    roots = {"after": ROOT}
-    if args.baseline is not None:
-        roots = {"before": args.baseline.resolve(), **roots}
-    runs = measure(plan, roots)
+    started, load_start = time.time(), loadavg()
+    runs = measure(plan, args.baseline)
     data: dict[str, Any] = {
-        "command": command_line("benchmarks.perf.queries"),
+        "run": run_record("benchmarks.perf.queries"),
         "baseline": args.baseline_label or (str(args.baseline) if args.baseline else None),
         "plan": plan.__dict__,
         "runs": runs,
         "table": {label: aggregate(r) for label, r in runs.items()},
         "core": core_timing(),
         "load_start": load_start,
-        "load_end": [round(v, 2) for v in os.getloadavg()],
+        "load_end": loadavg(),
         "wall_s": time.time() - started,
         "machine": machine_info(),
     }
     text = report(data, args.quick)
     print(text)
-    RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / f"query_overhead{suffix}.md").write_text(text)
-    (RESULTS_DIR / f"query_overhead{suffix}.json").write_text(json.dumps(data, indent=1))
+    write_results(result_stem("queries", args.quick), [text], data)
 
 
 if __name__ == "__main__":

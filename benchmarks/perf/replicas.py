@@ -37,8 +37,9 @@ from typing import Any
 
 import httpx
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed
+from benchmarks.harness.results import command_line, result_stem, write_results
 from devkit.launcher import ServiceProcess
 from service.storage.keys import ModelKeys
 from tests.service.cluster import LocalCluster
@@ -137,21 +138,17 @@ def report(result: dict[str, Any], info: dict[str, Any], module: str) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rate", type=float, default=200.0, help="REST requests/s")
     parser.add_argument("--quick", action="store_true", help="1 round of 3 s")
-    args = parser.parse_args()
-    if args.quick:
-        args.rounds, args.seconds = 1, 3.0
+    args = parse(parser, argv, {"rounds": 1, "seconds": 3.0})
     result = measure(args)
     info = machine_info()
-    stem = suffixed(RESULTS_DIR / "replicas", "_quick" if args.quick else "")
     text = report(result, info, "benchmarks.perf.replicas")
-    suffixed(stem, ".md").write_text(text)
-    suffixed(stem, ".json").write_text(json.dumps({"machine": info, **result}, indent=1))
+    write_results(result_stem("replicas", args.quick), [text], {"machine": info, **result})
     print(text)
 
 

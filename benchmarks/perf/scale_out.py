@@ -31,8 +31,7 @@ for the lease to expire). Per model, *unavailable* is the time from the first fa
 (> 1 s) probe to the next answered one, summed over the window; p50 and p99 over the six models
 (a model that did not move has 0), with the probes' latency p99.
 
-    .venv/bin/python -m benchmarks.perf.scale_out --baseline-root ../opml-before   # results/scale_out.*
-    .venv/bin/python -m benchmarks.perf.scale_out --baseline-root ../opml-before --quick
+    python3 dev.py bench scale_out [--quick] [--baseline-root ../opml-before]
 
 The machine is shared (2 cores here, shared with the load generator and Redis): CPU seconds per
 sample are the robust figure; wall-clock figures are indicative.
@@ -51,8 +50,9 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import cpu_seconds, machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed
+from benchmarks.harness.results import command_line, result_stem, write_results
 from clients.aio import AsyncOPMLClient
 from devkit.launcher import ServiceProcess
 from tests.service.support import RedisServer
@@ -267,7 +267,9 @@ def availability(root: Path | None, args: argparse.Namespace, tmp: Path) -> dict
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    codes = {"before": args.baseline_root.resolve(), "after": None}
+    codes: dict[str, Path | None] = {"after": None}
+    if args.baseline_root is not None:
+        codes = {"before": args.baseline_root.resolve(), **codes}
     out: dict[str, Any] = {"cost": [], "availability": {}}
     with tempfile.TemporaryDirectory(prefix="opml-scale-out-") as tmp_dir:
         tmp = Path(tmp_dir)
@@ -311,16 +313,22 @@ def report(result: dict[str, Any], info: dict[str, Any], module: str, args: Any)
         one_service = one["service_cpu_us_per_sample"]
         one_total = one_service + one["redis_cpu_us_per_sample"]
         for n in (1, 2, 3):
-            b, a = rows[("before", n, d)], rows[("after", n, d)]
+            a = rows[("after", n, d)]
+            b = rows.get(("before", n, d))
             total = a["service_cpu_us_per_sample"] + a["redis_cpu_us_per_sample"]
+            before = (
+                [f"{b['service_cpu_us_per_sample']:.1f}",
+                 f"{a['service_cpu_us_per_sample'] / b['service_cpu_us_per_sample']:.2f}",
+                 f"{b['applied_samples_per_s']:,.0f}", f"{b['idle_cpu_s_per_s']:.3f}"]
+                if b is not None
+                else ["-"] * 4
+            )  # fmt: skip
             lines.append(
-                f"| {d} | {n} | {b['service_cpu_us_per_sample']:.1f} | "
-                f"{a['service_cpu_us_per_sample']:.1f} | "
-                f"{a['service_cpu_us_per_sample'] / b['service_cpu_us_per_sample']:.2f} | "
-                f"{a['service_cpu_us_per_sample'] / one_service:.2f} | "
+                f"| {d} | {n} | {before[0]} | {a['service_cpu_us_per_sample']:.1f} | "
+                f"{before[1]} | {a['service_cpu_us_per_sample'] / one_service:.2f} | "
                 f"{a['redis_cpu_us_per_sample']:.1f} | {total / one_total:.2f} | "
-                f"{b['applied_samples_per_s']:,.0f} | {a['applied_samples_per_s']:,.0f} | "
-                f"{b['idle_cpu_s_per_s']:.3f} | {a['idle_cpu_s_per_s']:.3f} |"
+                f"{before[2]} | {a['applied_samples_per_s']:,.0f} | "
+                f"{before[3]} | {a['idle_cpu_s_per_s']:.3f} |"
             )
     lines += [
         "",
@@ -332,7 +340,7 @@ def report(result: dict[str, Any], info: dict[str, Any], module: str, args: Any)
         "|---|---|---|---|---|---|",
     ]
     for event in ("join", "leave", "die"):
-        for code in ("before", "after"):
+        for code in result["availability"]:
             e = result["availability"][code][event]
             lines.append(
                 f"| {event} | {code} | {e['p50_s']:.2f} | {e['p99_s']:.2f} | "
@@ -348,28 +356,24 @@ def report(result: dict[str, Any], info: dict[str, Any], module: str, args: Any)
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--baseline-root", type=Path, required=True,
-                        help="checkout of the code before scale-out (e.g. 7a256ae)")  # fmt: skip
+    parser.add_argument("--baseline-root", type=Path,
+                        help="checkout of the code before scale-out (e.g. 7a256ae); without "
+                        "it, this code alone")  # fmt: skip
     parser.add_argument("--samples", type=int, default=20_000, help="per model")
     parser.add_argument("--dims", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=3, help="runs per cell (medians)")
     parser.add_argument("--idle", type=float, default=5.0, help="seconds of idle CPU measured")
     parser.add_argument("--event-seconds", type=float, default=8.0)
     parser.add_argument("--quick", action="store_true", help="4,000 samples, d = 64 only")
-    args = parser.parse_args()
-    if args.quick:
-        args.samples, args.dims, args.idle, args.event_seconds = 4_000, [64], 2.0, 6.0
-        args.repeats = 1
+    quick = {"samples": 4_000, "dims": [64], "idle": 2.0, "event_seconds": 6.0, "repeats": 1}
+    args = parse(parser, argv, quick)
     info = machine_info()
     result = measure(args)
     info["load_average_1m"] = machine_info()["load_average_1m"]
-    stem = suffixed(RESULTS_DIR / "scale_out", "_quick" if args.quick else "")
     text = report(result, info, "benchmarks.perf.scale_out", args)
-    RESULTS_DIR.mkdir(exist_ok=True)
-    suffixed(stem, ".md").write_text(text)
-    suffixed(stem, ".json").write_text(json.dumps({"machine": info, **result}, indent=2))
+    write_results(result_stem("scale_out", args.quick), [text], {"machine": info, **result})
     print(text)
 
 

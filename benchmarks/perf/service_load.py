@@ -60,7 +60,6 @@ import httpx
 import numpy as np
 
 from benchmarks.harness.loadgen import pool_size, stream
-from benchmarks.harness.targets import fsync_latency
 from benchmarks.harness.machine import (
     NO_PY_SPY,
     cpu_seconds,
@@ -70,6 +69,7 @@ from benchmarks.harness.machine import (
     thread_cpu,
 )
 from benchmarks.harness.results import RESULTS_DIR, command_line
+from benchmarks.harness.targets import fsync_latency
 from devkit.launcher import ServiceProcess
 from service.core import Learner, LearnerConfig
 from service.engine.admission import samples_per_batch

@@ -36,8 +36,9 @@ import httpx
 import numpy as np
 import redis
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line
+from benchmarks.harness.results import command_line, result_stem, suffixed, write_results
 from devkit.launcher import ServiceProcess
 
 BAR = 0.05
@@ -157,7 +158,11 @@ def judge(
     return judged, bounds, passed
 
 
-def main() -> None:
+#: ``--quick``: half a minute, measured every 2 s, judged after 6 s.
+QUICK = {"minutes": 0.5, "every": 2.0, "warmup": 0.1, "window": 0.1}
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=10)
     parser.add_argument("--rate", type=float, default=400, help="samples per second")
@@ -171,9 +176,10 @@ def main() -> None:
         "--report-only", action="store_true",
         help="re-render soak.md and soak.png from the saved soak.json (no measurement)",
     )  # fmt: skip
-    args = parser.parse_args()
+    args = parse(parser, argv, QUICK)
+    stem = result_stem("soak", args.quick)
     if args.report_only:
-        result = json.loads((RESULTS_DIR / "soak.json").read_text())
+        result = json.loads(suffixed(stem, ".json").read_text())
     else:
         rows, stats = measure(args)
         judged, bounds, passed = judge(rows, args)
@@ -189,10 +195,8 @@ def main() -> None:
             "passed": passed,
             "series": rows,
         }
-        RESULTS_DIR.mkdir(exist_ok=True)
-        (RESULTS_DIR / "soak.json").write_text(json.dumps(result, indent=1))
-    (RESULTS_DIR / "soak.md").write_text(markdown(result))
-    plot(result["series"], result["settings"]["warmup"] * 60, RESULTS_DIR / "soak.png")
+    write_results(stem, [markdown(result)], result)
+    plot(result["series"], result["settings"]["warmup"] * 60, suffixed(stem, ".png"))
     print(
         f"growth after warm-up: {result['growth_after_warmup']}; peaks/bounds: "
         f"{result['peak_and_bound_after_warmup']}; passed={result['passed']}"
