@@ -194,8 +194,7 @@ class RawWebSocket:
         self._buffer = b""
         extension = headers.get("sec-websocket-extensions", "")
         params = {
-            k.strip(): v.strip()
-            for k, _, v in (p.partition("=") for p in extension.split(";")[1:])
+            k.strip(): v.strip() for k, _, v in (p.partition("=") for p in extension.split(";")[1:])
         }
         #: True when the service accepted permessage-deflate.
         self.deflate = extension.startswith("permessage-deflate")

@@ -25,6 +25,9 @@ RESULTS_DIR = Path(
     os.environ.get("OPML_BENCH_RESULTS") or Path(__file__).resolve().parents[1] / "results"
 )
 
+#: Profiles and other bulky by-products of a run: kept out of git (``.gitignore``).
+PROFILES_DIR = RESULTS_DIR / "profiles"
+
 
 def result_stem(name: str, quick: bool = False) -> Path:
     """The stem of a benchmark's results files: ``RESULTS_DIR/NAME`` (``quick/NAME`` for a
@@ -51,7 +54,9 @@ def run_record(module: str | None = None) -> dict[str, Any]:
 
 def _main_module() -> str:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return spec.name if spec is not None else Path(sys.argv[0]).stem
+    if spec is not None and spec.name != "benchmarks.__main__":
+        return str(spec.name)
+    return sys.argv[0]  # the runner (benchmarks/__main__.py) puts the module's name there
 
 
 def command_line(module: str) -> str:

@@ -14,7 +14,7 @@ Side by side in one run, at d in {21, 64, 310, 1024} (plus 128 and 512 for the s
   main memory; an ``L`` small enough to stay in cache, d <= ~400, can beat that floor).
 
 The paper's Table I (MATLAB, 2016 hardware) is printed beside: 0.026 ms (d=21), 0.023 ms
-(d=64), 1.7 ms (d=310). Results: ``benchmarks/results/core_timing[_quick].{md,json}``
+(d=64), 1.7 ms (d=310). Results: ``benchmarks/results/core_timing.{md,json}``
 (:func:`measure` returns the figures, :func:`report` renders them).
 """
 

@@ -1,7 +1,7 @@
 """Identification (1:N) against the server-side gallery: latency, refresh cost, baselines.
 
     python -m benchmarks.perf.identify            # ~10 min; benchmarks/results/identify.{md,json}
-    python -m benchmarks.perf.identify --quick    # a smoke run (~3 min), identify_quick.{md,json}
+    python -m benchmarks.perf.identify --quick    # a smoke run, results/quick/identify.*
 
 Three parts, all printed and saved with the machine they ran on:
 

@@ -263,8 +263,7 @@ def report(data: dict[str, Any], quick: bool) -> str:
         f"- The service (embedded Redis, `appendfsync always`) and the floor app (parse, one "
         f"read of a matrix cached in the process, numpy, answer) ran at once and were measured "
         f"in alternation by the same client, {plan['rounds']} round(s); each figure is the "
-        "median over rounds"
-        + (f"; `before`: `{data['baseline']}`." if before else "."),
+        "median over rounds" + (f"; `before`: `{data['baseline']}`." if before else "."),
         f"- Load average (1, 5, 15 min) at start: {data['load_start']}, at end: "
         f"{data['load_end']}; wall time {data['wall_s']:.0f} s.",
         "",

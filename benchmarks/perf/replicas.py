@@ -21,7 +21,7 @@ are to ``single``. Everything (six redis-servers, three services, the generator)
 machine's cores, so the replica's round trip competes with the load it measures.
 
     .venv/bin/python -m benchmarks.perf.replicas            # results/replicas.{md,json}
-    .venv/bin/python -m benchmarks.perf.replicas --quick    # results/replicas_quick.{md,json}
+    .venv/bin/python -m benchmarks.perf.replicas --quick    # results/quick/replicas.{md,json}
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ def loadgen(url: str, kind: str, *args: str | int | float) -> dict[str, Any]:
     """One ``benchmarks.harness.loadgen`` measurement as a separate process; its JSON result."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
-    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", url, "--out", str(out),
-           *(str(a) for a in args)]  # fmt: skip
+    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", url,
+           "--out", str(out), *(str(a) for a in args)]  # fmt: skip
     subprocess.run(cmd, cwd=ROOT, check=True)
     result: dict[str, Any] = json.loads(out.read_text())
     out.unlink()

@@ -1,6 +1,6 @@
 """Service load benchmark: ingestion, queries and overhead against the embedded default.
 
-    python3 dev.py bench && .venv/bin/python -m benchmarks.perf.service_load [--quick] [--no-profile]
+    python3 dev.py bench service_load [--quick] [--no-profile]
 
 Starts ``python -m service`` as a subprocess (:class:`devkit.launcher.ServiceProcess`; its own
 embedded redis-server, AOF with ``appendfsync always``: an ack means the samples are on disk) in
@@ -33,8 +33,8 @@ Measured, in one run (about 4.5 minutes; ``--quick``: about 2 minutes, shorter a
   ingestion (d = 64, 64-sample frames) broken down by stage; Redis ``INFO commandstats``; the
   fsync latency of the data dir's disk.
 
-Writes ``benchmarks/results/service_load{,_quick}.{md,json,png}`` (and ``service_profile.svg``,
-the py-spy flame graph, plus its collapsed stacks ``service_profile.txt``). :func:`measure`
+Writes ``benchmarks/results/service_load.{md,json,png}`` (the py-spy flame graph and its
+collapsed stacks go to ``benchmarks/results/profiles/``, not tracked). :func:`measure`
 returns the figures; :func:`report` (one function per section) and :func:`plot` render them, so
 ``--report-only`` re-renders a saved JSON without measuring.
 """
@@ -59,6 +59,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.loadgen import pool_size, stream
 from benchmarks.harness.machine import (
     NO_PY_SPY,
@@ -68,7 +69,13 @@ from benchmarks.harness.machine import (
     py_spy,
     thread_cpu,
 )
-from benchmarks.harness.results import RESULTS_DIR, command_line
+from benchmarks.harness.results import (
+    PROFILES_DIR,
+    command_line,
+    result_stem,
+    suffixed,
+)
+from benchmarks.harness.results import write_results as write_files
 from benchmarks.harness.targets import fsync_latency
 from devkit.launcher import ServiceProcess
 from service.core import Learner, LearnerConfig
@@ -260,9 +267,9 @@ class Plan:
 
     def __post_init__(self) -> None:
         if self.quick:
-            self.ws_seconds, self.frames = 2.5, (1, 64, 256)
-            self.http_seconds = self.batch_seconds = self.query_seconds = 3.0
-            self.gallery_queries, self.profile_seconds = 2, 4.0
+            self.ws_seconds, self.frames = 1.0, (64,)
+            self.http_seconds = self.batch_seconds = self.query_seconds = 1.0
+            self.gallery_queries, self.profile_seconds = 1, 2.0
 
 
 def measure_ws(
@@ -577,7 +584,6 @@ def measure_profile(
     proc = spawn_loadgen(service, "ws", result_path, "--model", name, "--dim", 64, "--frame", 64,
                          "--seconds", seconds)  # fmt: skip
     time.sleep(2.0)
-    suffix = "_quick" if plan.quick else ""
     raw, svg = tmp / "profile.txt", tmp / "profile.svg"
     rate = 100
     spies = [
@@ -603,9 +609,9 @@ def measure_profile(
     delete_model(client, name)
     if not raw.exists():
         return {"error": "py-spy could not attach: " + " | ".join(errors)[-500:]}, {}
-    artifacts = {f"service_profile{suffix}.txt": raw.read_bytes()}
+    artifacts = {"service_load_profile.txt": raw.read_bytes()}
     if svg.exists():
-        artifacts[f"service_profile{suffix}.svg"] = svg.read_bytes()
+        artifacts["service_load_profile.svg"] = svg.read_bytes()
     samples = seq1 - seq0
     stages = read_collapsed(raw)
     used = cpu.between(t0, t1)
@@ -1059,8 +1065,8 @@ def profile_section(prof: dict[str, Any] | None) -> list[str]:
                 f"- `{k[8:]}`: {v['calls']} calls, {v['usec_per_call']:.1f} us per call "
                 "(execution only; the AOF write + fsync happen after it, before the reply)"
             )
-    return [*lines, "", "Flame graph: `service_profile.svg`; collapsed stacks: "
-            "`service_profile.txt`."]  # fmt: skip
+    return [*lines, "", "Flame graph and collapsed stacks (not tracked): "
+            "`benchmarks/results/profiles/service_load_profile.{svg,txt}`."]  # fmt: skip
 
 
 def report(data: dict[str, Any], quick: bool) -> str:
@@ -1075,7 +1081,7 @@ def report(data: dict[str, Any], quick: bool) -> str:
         *gallery_section(data["gallery"]),
         *profile_section(data.get("profile")),
         "",
-        "![service load](service_load" + ("_quick" if quick else "") + ".png)",
+        "![service load](service_load.png)",
         "",
     ]
     return "\n".join(lines)
@@ -1164,7 +1170,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 def measure(plan: Plan, profile: bool) -> tuple[dict[str, Any], dict[str, bytes]]:
     """Every measurement of a run: the figures (what the JSON keeps) and the profiler's files
-    (``service_profile*.svg``/``.txt``, by name)."""
+    (``service_load_profile.svg``/``.txt``, by name)."""
     started = time.monotonic()
     phases: dict[str, float] = {}
 
@@ -1217,22 +1223,20 @@ def measure(plan: Plan, profile: bool) -> tuple[dict[str, Any], dict[str, bytes]
 
 
 def write_results(data: dict[str, Any], quick: bool, artifacts: dict[str, bytes]) -> str:
-    """``service_load{,_quick}.{md,json,png}`` and the profiler's files under
+    """``service_load.{md,json,png}`` and the profiler's files under
     ``benchmarks/results/``; returns the markdown."""
-    suffix = "_quick" if quick else ""
-    RESULTS_DIR.mkdir(exist_ok=True)
+    stem = result_stem("service_load", quick)
     text = report(data, quick)
-    (RESULTS_DIR / f"service_load{suffix}.md").write_text(text)
-    (RESULTS_DIR / f"service_load{suffix}.json").write_text(json.dumps(data, indent=1))
-    plot(data, RESULTS_DIR / f"service_load{suffix}.png")
+    write_files(stem, [text], data)
+    plot(data, suffixed(stem, ".png"))
+    PROFILES_DIR.mkdir(parents=True, exist_ok=True)
     for name, content in artifacts.items():
-        (RESULTS_DIR / name).write_bytes(content)
+        (PROFILES_DIR / name).write_bytes(content)
     return text
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a ~2 minute smoke run")
     parser.add_argument("--no-profile", action="store_true", help="skip the py-spy profile")
     parser.add_argument(
         "--wait-load", type=float, default=0.0,
@@ -1242,12 +1246,12 @@ def main() -> None:
         "--report-only", action="store_true",
         help="re-render the .md and .png from the saved .json (no measurement)",
     )  # fmt: skip
-    args = parser.parse_args()
+    args = parse(parser, argv)
     if args.report_only:
-        suffix = "_quick" if args.quick else ""
-        data = json.loads((RESULTS_DIR / f"service_load{suffix}.json").read_text())
-        (RESULTS_DIR / f"service_load{suffix}.md").write_text(report(data, args.quick))
-        plot(data, RESULTS_DIR / f"service_load{suffix}.png")
+        stem = result_stem("service_load", args.quick)
+        data = json.loads(suffixed(stem, ".json").read_text())
+        suffixed(stem, ".md").write_text(report(data, args.quick))
+        plot(data, suffixed(stem, ".png"))
         return
     if args.wait_load:
         deadline = time.monotonic() + 300

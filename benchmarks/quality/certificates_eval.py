@@ -32,7 +32,8 @@ Protocol (per data set, per split s = 0..S-1; issue 16's benchmark):
    sigma and grid thresholds (:func:`~service.core.certificates.gibbs_triplet_error`,
    :func:`~service.core.certificates.gibbs_accept`); the served metric's test rates beside.
 
-Data: the Table II sets that load (``benchmarks/quality/datasets.py``; ``bash benchmarks/quality/get_data.sh``),
+Data: the Table II sets that load (``benchmarks/quality/datasets.py``;
+``bash benchmarks/quality/get_data.sh``),
 scikit-learn's digits, and ``waveform-100k``: Breiman's generator at n = 100,000 (seed 0), the
 one set here large enough for ``m >= 1000`` tuples per quantity (issue 16's gap target); its
 5-NN cost is not measured (50,000 x 50,000 brute-force neighbours). Sets whose held-out half
@@ -57,8 +58,9 @@ import numpy as np
 from numpy.typing import NDArray
 from sklearn.model_selection import train_test_split
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed, write_results
+from benchmarks.harness.results import command_line, result_stem, suffixed, write_results
 from benchmarks.quality.common import FloatArray, IntArray, knn_error, skipped_lines, zscore
 from benchmarks.quality.datasets import (
     LOADERS,
@@ -412,8 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--delta", type=float, default=0.05)
     parser.add_argument("--test-draws", type=int, default=20, help="tuple draws of the test half")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "certificates_eval")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=result_stem("certificates_eval"))
+    quick = {"splits": 2, "datasets": "iris,wine,digits", "pac_bayes": "digits", "test_draws": 5,
+             "out": result_stem("certificates_eval", quick=True)}  # fmt: skip
+    args = parse(parser, argv, quick)
 
     names = [n.strip() for n in args.datasets.split(",") if n.strip()]
     pb_names = {n.strip() for n in args.pac_bayes.split(",") if n.strip()}

@@ -16,9 +16,9 @@ Where the data come from (nothing here downloads anything at run time):
 - waveform: Breiman's waveform generator (CART, 1984), implemented below; same distribution as the
   paper's data, not the same rows.
 
-``bash benchmarks/quality/get_data.sh`` fetches both external sources. A loader whose files are missing
-raises :class:`DataMissingError` with that instruction; the benchmark scripts skip the data set
-and print the message.
+``bash benchmarks/quality/get_data.sh`` fetches both external sources. A loader whose files are
+missing raises :class:`DataMissingError` with that instruction; the benchmark scripts skip the
+data set and print the message.
 
 Run ``python -m benchmarks.quality.datasets`` (from the repository root) to print every data set's
 n, d, c and class counts beside the paper's.

@@ -37,8 +37,9 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line, write_results
+from benchmarks.harness.results import command_line, result_stem, write_results
 from benchmarks.quality.common import (
     Config,
     FloatArray,
@@ -426,8 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--parts", default="10,5,2")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "gamma_grid", help="file stem")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=result_stem("gamma_grid"), help="file stem")
+    quick = {"splits": 1, "reps": 1, "datasets": "iris,wine", "parts": "10",
+             "out": result_stem("gamma_grid", quick=True)}  # fmt: skip
+    args = parse(parser, argv, quick)
 
     names, skipped = present(
         (n.strip() for n in args.datasets.split(",") if n.strip()), cached_load

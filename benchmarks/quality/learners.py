@@ -52,8 +52,9 @@ import numpy as np
 from sklearn.metrics import auc, roc_curve
 from sklearn.model_selection import train_test_split
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line
+from benchmarks.harness.results import command_line, result_stem
 from benchmarks.quality.common import FloatArray, IntArray, fmt, knn_error, mean_std, zscore
 from benchmarks.quality.datasets import (
     LOADERS,
@@ -550,9 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-grid", action="store_true", help="skip the BRM/SGD step grid")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="3 splits/trials, fewer samples")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.splits, args.trials, args.repeats = 3, 3, 2
+    args = parse(parser, argv, {"splits": 3, "trials": 3, "repeats": 2})
     parts = {p.strip() for p in args.parts.split(",")}
     load_start = os.getloadavg()
     results: dict[str, Any] = {}
@@ -610,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
     md += ["## Notes", "", *[f"- {note}" for note in NOTES], ""]
     md += ["Raw per-split values: the `.json` beside this file; chart: the `.png`.", ""]
-    stem = RESULTS_DIR / ("learners_quick" if args.quick else "learners")
+    stem = result_stem("learners", args.quick)
     stem.parent.mkdir(parents=True, exist_ok=True)
     text = "\n".join(md) + "\n"
     print(text)

@@ -54,8 +54,9 @@ import numpy as np
 from sklearn.metrics import roc_auc_score, roc_curve
 from sklearn.model_selection import train_test_split
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed, write_results
+from benchmarks.harness.results import command_line, result_stem, suffixed, write_results
 from benchmarks.quality.common import (
     Config,
     FloatArray,
@@ -391,12 +392,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="split s uses random_state seed+s")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="1 split, digits + gauss256")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "scales", help="file stem")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, help="file stem (default: results/scales)")
+    args = parse(parser, argv)
+    if args.out is None:
+        args.out = result_stem("scales", args.quick)
     names = [n for n in args.datasets.split(",") if n]
     if args.quick:
         names, args.splits, args.splits_large = ["digits", "gauss256"], 1, 1
-        args.out = args.out.with_name(args.out.name + "_quick")
     kinds = [v for v in args.variants.split(",") if v]
     methods = [m for m in METHODS if m in args.methods.split(",")]
 

@@ -1,6 +1,6 @@
 """How far can choosing the step size take one pass of COPML? A hindsight ceiling for ``auto``.
 
-    python -m benchmarks.quality.step_ceiling     # ~5 min; benchmarks/results/step_ceiling.{md,json}
+    python3 dev.py bench step_ceiling     # ~5 min; benchmarks/results/step_ceiling.{md,json}
 
 Issue 14 asks ``gamma: "auto"`` to reach batch ITML's verification ROC AUC on optdigits (and to
 come within 0.01 of it on digits). ``auto`` races step sizes; the most any choice of
@@ -29,8 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line, write_results
+from benchmarks.harness.results import command_line, result_stem, suffixed, write_results
 from benchmarks.quality.common import skipped_lines
 from benchmarks.quality.datasets import present
 from benchmarks.quality.scales import dataset, split, verification
@@ -77,9 +78,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--splits", type=int, default=5, help="as the committed scales run")
     parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--scales", type=Path, default=RESULTS_DIR / "scales.json")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "step_ceiling", help="stem")
-    args = parser.parse_args(argv)
+    parser.add_argument("--scales", type=Path, default=suffixed(result_stem("scales"), ".json"))
+    parser.add_argument("--out", type=Path, default=result_stem("step_ceiling"), help="stem")
+    args = parse(parser, argv, {"splits": 1, "out": result_stem("step_ceiling", quick=True)})
     names, skipped = present(sorted({n for n, _ in CELLS}), dataset)
     seeds = list(range(args.splits))
     tasks = [(n, k, s) for n, k in CELLS if n in names for s in seeds]

