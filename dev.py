@@ -3,7 +3,7 @@
 
     python3 dev.py serve [options]   # create .venv if needed, install, run the service
     python3 dev.py test [pytest args]  # same venv plus test extras; ruff, mypy, then pytest
-    python3 dev.py bench [NAME [--quick]]  # benchmark extras; run one (--list: all of them)
+    python3 dev.py bench [NAME [--quick]]  # benchmark extras; run one (--list names them)
 
 The virtual environment lives in ``.venv``. Each extra (the base install, ``test``, ``bench``)
 is installed once per content of ``pyproject.toml``: ``.venv/.opml-stamp`` records, for each
@@ -87,7 +87,10 @@ def main(argv: list[str]) -> int:
     if command == "serve":
         os.execv(str(PY), [str(PY), "-m", "service", *rest])
     if command == "bench":  # benchmarks/__main__.py: the runner and its --list
-        return run([str(PY), "-m", "benchmarks", *(rest or ["--list"])])
+        if not rest:
+            say("benchmark extras installed; `python3 dev.py bench --list` lists the benchmarks")
+            return 0
+        return run([str(PY), "-m", "benchmarks", *rest])
     for check in (
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "mypy")],

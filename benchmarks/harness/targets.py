@@ -56,19 +56,41 @@ class Target:
             return model
 
     def loadgen(self, kind: str, *args: str | int | float) -> dict[str, Any]:
-        """One ``benchmarks.harness.loadgen`` measurement, with ``service_cpu_s`` over it."""
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            out = Path(f.name)
-        cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", self.url,
-               "--out", str(out), *(str(a) for a in args)]  # fmt: skip
+        """One :func:`run_loadgen` measurement, with ``service_cpu_s`` over it."""
         cpu0 = self.cpu()
-        try:
-            subprocess.run(cmd, cwd=ROOT, check=True, timeout=600)
-            result: dict[str, Any] = json.loads(out.read_text())
-        finally:
-            out.unlink(missing_ok=True)
+        result = run_loadgen(self.url, kind, *args)
         result["service_cpu_s"] = self.cpu() - cpu0
         return result
+
+
+def spawn_loadgen(
+    url: str, kind: str, out: Path, *args: str | int | float
+) -> subprocess.Popen[bytes]:
+    """``benchmarks.harness.loadgen KIND`` on ``url`` as a process of its own (its CPU is not
+    the server's), writing its JSON result to ``out``; the caller waits for it."""
+    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", url,
+           "--out", str(out), *(str(a) for a in args)]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT)
+
+
+def run_loadgen(url: str, kind: str, *args: str | int | float) -> dict[str, Any]:
+    """One :func:`spawn_loadgen` measurement, waited for (at most 10 minutes): its result."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+        out = Path(f.name)
+    try:
+        proc = spawn_loadgen(url, kind, out, *args)
+        try:
+            code = proc.wait(600)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        if code != 0:
+            raise subprocess.CalledProcessError(code, proc.args)
+        result: dict[str, Any] = json.loads(out.read_text())
+    finally:
+        out.unlink(missing_ok=True)
+    return result
 
 
 @contextlib.contextmanager

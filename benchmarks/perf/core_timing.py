@@ -1,6 +1,6 @@
 """Time per sample of the core update: ours (Eq. 16, O(d^2)) vs a naive O(d^3) inverse (Eq. 12).
 
-    python3 dev.py bench && .venv/bin/python -m benchmarks.perf.core_timing [--quick]
+    python3 dev.py bench core_timing [--quick]
 
 Side by side in one run, at d in {21, 64, 310, 1024} (plus 128 and 512 for the slope):
 

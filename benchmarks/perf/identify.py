@@ -33,7 +33,6 @@ import io
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from benchmarks.harness.cli import parse
 from benchmarks.harness.loadgen import RawPool, open_loop, summary
 from benchmarks.harness.machine import machine_block, machine_info, thread_cpu
 from benchmarks.harness.results import command_line, result_stem, write_results
+from benchmarks.harness.targets import spawn_loadgen
 from devkit.launcher import ServiceProcess
 from service.core import normalize_rows
 from service.core.gallery import OVERSAMPLE, TransformedGallery, refresh_method
@@ -224,31 +224,10 @@ def loadgen_ws(
     first_id: int,
     out: Path,
 ) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "benchmarks.harness.loadgen",
-        "ws",
-        "--url",
-        url,
-        "--model",
-        model,
-        "--dim",
-        str(D),
-        "--frame",
-        "64",
-        "--encoding",
-        "binary",
-        "--seconds",
-        str(seconds),
-        "--first-id",
-        str(first_id),
-        "--out",
-        str(out),
-    ]
-    if rate:
-        cmd += ["--rate", str(rate)]
-    return subprocess.Popen(cmd, cwd=ROOT)
+    args: list[str | int | float] = ["--model", model, "--dim", D, "--frame", 64,
+                                     "--encoding", "binary", "--seconds", seconds,
+                                     "--first-id", first_id]  # fmt: skip
+    return spawn_loadgen(url, "ws", out, *args, *(["--rate", rate] if rate else []))
 
 
 def measure_service(tmp: Path, sizes: list[int], plan: dict[str, float]) -> dict[str, Any]:
@@ -402,6 +381,19 @@ def report(data: dict[str, Any]) -> str:
         "",
         machine_block(data["machine"]),
         f"- Load average (1 min) at each phase: {data['loads']}",
+        "",
+        "## Identification latency during ingestion / idle (same gallery, same run)",
+        "",
+        "| gallery | p99 idle ms | p99 ingesting ms | ingesting / idle | target |",
+        "|---|---|---|---|---|",
+        *(
+            f"| {int(n):,} x 128 | {_f(r['idle']['latency']['p99_ms'])} | "
+            f"{_f(r['ingesting']['latency']['p99_ms'])} | "
+            f"**{r['ingesting']['latency']['p99_ms'] / r['idle']['latency']['p99_ms']:.2f}** | "
+            + ("<= 2" if int(n) == 10_000 else "-")
+            + " |"
+            for n, r in data["service"].items()
+        ),
         "",
         "## The service (d = 128, normalize l2, k = 5, JSON, open loop)",
         "",

@@ -33,8 +33,6 @@ import contextlib
 import io
 import itertools
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -49,7 +47,7 @@ from benchmarks.harness.loadgen import JSON_HEADERS, RawPool, summary
 from benchmarks.harness.loadgen import open_loop as loadgen_open_loop
 from benchmarks.harness.machine import loadavg, machine_block, machine_info
 from benchmarks.harness.results import result_stem, run_record, write_results
-from benchmarks.harness.targets import Target, start_floor, start_service
+from benchmarks.harness.targets import Target, spawn_loadgen, start_floor, start_service
 from benchmarks.perf.identify import enrol
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -190,12 +188,10 @@ async def measure_round(service: Target, plan: Plan, tmp: Path) -> dict[str, Any
         plan.seconds,
     )  # fmt: skip
     report = tmp / f"ingest-{service.label}.json"
-    background = subprocess.Popen(  # loadgen's paced WS ingestion, as its own process
-        [sys.executable, "-m", "benchmarks.harness.loadgen", "ws", "--url", service.url,
-         "--model", "q64", "--dim", str(D), "--frame", "64", "--encoding", "json",
-         "--rate", str(plan.ingest_rate), "--seconds", str(2 * plan.seconds + 3),
-         "--first-id", str(next(_BACKGROUND_RUNS)), "--out", str(report)],
-        cwd=ROOT,
+    background = spawn_loadgen(  # a paced WS ingestion
+        service.url, "ws", report, "--model", "q64", "--dim", D, "--frame", 64,
+        "--encoding", "json", "--rate", plan.ingest_rate, "--seconds", 2 * plan.seconds + 3,
+        "--first-id", next(_BACKGROUND_RUNS),
     )  # fmt: skip
     await asyncio.sleep(1.5)
     for what in ("distance", "verify"):

@@ -27,10 +27,7 @@ machine's cores, so the replica's round trip competes with the load it measures.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -40,6 +37,7 @@ import httpx
 from benchmarks.harness.cli import parse
 from benchmarks.harness.machine import machine_block, machine_info
 from benchmarks.harness.results import command_line, result_stem, write_results
+from benchmarks.harness.targets import run_loadgen as loadgen
 from devkit.launcher import ServiceProcess
 from service.storage.keys import ModelKeys
 from tests.service.cluster import LocalCluster
@@ -48,18 +46,6 @@ from tests.service.support import RedisServer
 ROOT = Path(__file__).resolve().parents[2]
 SETUPS = ("single", "cluster", "wait1")
 DIM = 64
-
-
-def loadgen(url: str, kind: str, *args: str | int | float) -> dict[str, Any]:
-    """One ``benchmarks.harness.loadgen`` measurement as a separate process; its JSON result."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = Path(f.name)
-    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", url,
-           "--out", str(out), *(str(a) for a in args)]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, check=True)
-    result: dict[str, Any] = json.loads(out.read_text())
-    out.unlink()
-    return result
 
 
 def start(tmp: Path, name: str, redis_url: str, **env: str) -> ServiceProcess:

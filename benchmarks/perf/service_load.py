@@ -76,7 +76,8 @@ from benchmarks.harness.results import (
     suffixed,
 )
 from benchmarks.harness.results import write_results as write_files
-from benchmarks.harness.targets import fsync_latency
+from benchmarks.harness.targets import fsync_latency, run_loadgen
+from benchmarks.harness.targets import spawn_loadgen as spawn
 from devkit.launcher import ServiceProcess
 from service.core import Learner, LearnerConfig
 from service.engine.admission import samples_per_batch
@@ -190,21 +191,12 @@ class CpuSampler:
 
 
 def loadgen(service: ServiceProcess, kind: str, *args: str | int | float) -> dict[str, Any]:
-    """Run one ``benchmarks.harness.loadgen`` measurement as a separate process; its JSON result."""
-    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-        out = Path(f.name)
-    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", service.url,
-           "--out", str(out), *(str(a) for a in args)]  # fmt: skip
-    subprocess.run(cmd, cwd=ROOT, check=True)
-    result: dict[str, Any] = json.loads(out.read_text())
-    out.unlink()
-    return result
+    """One ``benchmarks.harness.loadgen`` measurement on the service: its JSON result."""
+    return run_loadgen(service.url, kind, *args)
 
 
 def spawn_loadgen(service: ServiceProcess, kind: str, out: Path, *args: str | int | float) -> Any:
-    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", kind, "--url", service.url,
-           "--out", str(out), *(str(a) for a in args)]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT)
+    return spawn(service.url, kind, out, *args)
 
 
 def per_sample(cpu: dict[str, float], samples: float, generator_cpu: float) -> dict[str, float]:
