@@ -7,6 +7,7 @@ Not a script; imported by ``table2``, ``table4``, ``gamma_grid``, ``learners``, 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import numpy as np
@@ -31,6 +32,7 @@ class Learner(Protocol):
     def transform(self, X: FloatArray) -> FloatArray: ...
 
 
+@dataclass(frozen=True)
 class Config:
     """Hyperparameters passed to the learners (same names as service.core). ``step="paper"``
     (the paper's literal rule, what Tables II and IV reproduce) unless said otherwise."""
