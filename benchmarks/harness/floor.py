@@ -14,7 +14,7 @@ into the next call, so one fsync covers them all), then acknowledge. No learner,
 idempotency replay, no validation messages, no metrics, no authentication.
 
 Queries (``distance``, ``verify``, ``identify``): parse, one read of a matrix cached in the
-process, numpy, answer.
+process, numpy (one BLAS thread, as the service pins its small products), answer.
 
     .venv/bin/python -m benchmarks.harness.floor --redis-url redis://127.0.0.1:6379/0 \\
         --port 8100 --dim 64
@@ -110,10 +110,12 @@ class Floor:
         self.redis_url, self.dim = redis_url, dim
         #: The cached matrices of the queries, one per dimension asked for.
         self.matrices: dict[int, np.ndarray] = {}
-        #: The identification gallery, already transformed (G L^T).
+        #: The identification gallery, already transformed (G L^T), in float32 as the
+        #: service keeps it.
         rng = np.random.default_rng(1)
-        self.GL = rng.normal(size=(gallery, gallery_dim)) @ self.matrix(gallery_dim).T
-        self.GL_sq = np.einsum("ij,ij->i", self.GL, self.GL)
+        GL = rng.normal(size=(gallery, gallery_dim)) @ self.matrix(gallery_dim).T
+        self.GL = GL.astype(np.float32)
+        self.GL_sq = np.einsum("ij,ij->i", GL, GL)
         self.commit: GroupCommit | None = None
         self.frames = 0
 
@@ -205,7 +207,7 @@ class Floor:
                 status = 200
                 doc = json.loads(body)
                 z = self.matrix(self.GL.shape[1]) @ np.asarray(doc["x"], np.float64)
-                d2 = self.GL_sq - 2.0 * (self.GL @ z) + z @ z
+                d2 = self.GL_sq - 2.0 * (self.GL @ z.astype(np.float32)) + z @ z
                 k = min(int(doc.get("k", 5)), len(d2))
                 top = np.argpartition(d2, k - 1)[:k]
                 top = top[np.argsort(d2[top])]

@@ -28,6 +28,12 @@ from devkit.launcher import ServiceProcess
 from service.storage.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The floor's environment: one BLAS thread (idle BLAS threads spin, which would count as the
+#: floor's CPU; the service pins its small products to one thread too).
+ONE_BLAS_THREAD = {
+    **os.environ,
+    **{k: "1" for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")},
+}
 
 
 class Target:
@@ -115,7 +121,7 @@ def start_floor(
             [sys.executable, "-m", "benchmarks.harness.floor", "--redis-url", redis_url,
              "--port", str(port), "--dim", str(dim), "--gallery", str(gallery),
              "--gallery-dim", str(gallery_dim)],
-            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            cwd=ROOT, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=ONE_BLAS_THREAD,
         )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:

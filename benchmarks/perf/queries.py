@@ -193,13 +193,18 @@ async def measure_round(service: Target, plan: Plan, tmp: Path) -> dict[str, Any
         "--encoding", "json", "--rate", plan.ingest_rate, "--seconds", 2 * plan.seconds + 3,
         "--first-id", next(_BACKGROUND_RUNS),
     )  # fmt: skip
-    await asyncio.sleep(1.5)
-    for what in ("distance", "verify"):
-        path = f"/v1/models/q64/{what}"
-        r = await open_loop(service, "POST", path, pairs, plan.rate, plan.seconds)
-        r.pop("cpu_us_per_request")  # includes the ingestion's CPU: not per query
-        out[f"{what}_ingesting"] = r
-    background.wait(plan.seconds * 2 + 120)
+    try:
+        await asyncio.sleep(1.5)
+        for what in ("distance", "verify"):
+            path = f"/v1/models/q64/{what}"
+            r = await open_loop(service, "POST", path, pairs, plan.rate, plan.seconds)
+            r.pop("cpu_us_per_request")  # includes the ingestion's CPU: not per query
+            out[f"{what}_ingesting"] = r
+        background.wait(plan.seconds * 2 + 120)
+    finally:
+        if background.poll() is None:  # interrupted: no generator left behind
+            background.kill()
+            background.wait(10)
     acked = json.loads(report.read_text())["throughput"]
     out["background_ingestion"] = {"offered": plan.ingest_rate, "acked_per_s": acked}
     for key, (headers, body) in gallery_bodies().items():
