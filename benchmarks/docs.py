@@ -56,20 +56,21 @@ def reproduce(bench: Benchmark, recorded: str | None) -> str:
 
 
 def situation(data: dict[str, Any]) -> tuple[str | None, str]:
-    """(recorded command, "machine; commit; load; date") of a results JSON, new or older form."""
+    """(recorded command, "machine; load; date") of a results JSON, new or older form (the
+    commit stays in the JSON: the page describes the figures, not their history)."""
     run = data.get("run")
     if isinstance(run, dict):
-        load = run.get("load_average")
+        machine = str(run.get("machine", "")).split("), ")[0] + ")"
+        load = run.get("load_average") or ["?"]
         return run.get("command"), (
-            f"{run.get('machine')}; commit `{run.get('commit')}`; load average {load}; "
-            f"{run.get('date')}"
+            f"{machine}; load average {load[0]} (1 min) when it ended; {run.get('date')}"
         )
-    machine = data.get("machine") if isinstance(data.get("machine"), dict) else {}
+    info = data.get("machine") if isinstance(data.get("machine"), dict) else {}
     command = data.get("command") if isinstance(data.get("command"), str) else None
     return command, (
-        f"{machine.get('cpu', 'machine not recorded')} ({machine.get('cores', '?')} cores); "
-        f"commit `{machine.get('core', '?')}`; load average (1 min) "
-        f"{machine.get('load_average_1m', '?')}; {machine.get('date', 'date not recorded')}"
+        f"{info.get('cpu', 'machine not recorded')} ({info.get('cores', '?')} cores); load "
+        f"average {info.get('load_average_1m', '?')} (1 min) when it ended; "
+        f"{info.get('date', 'date not recorded')}"
     )
 
 
@@ -157,7 +158,7 @@ def section(bench: Benchmark, results: Path) -> list[str]:
         "",
         f"    {reproduce(bench, recorded)}",
         "",
-        f"Run on {where}. Full report: `benchmarks/results/{bench.name}.md`.",
+        f"Run on {where}.",
         "",
         *figures,
         "",
