@@ -115,3 +115,11 @@ def test_the_floor_app_ingests_durably_and_answers_queries(floor: Target) -> Non
     query = floor.loadgen("query", "--model", "q", "--dim", 8, "--target", "verify",
                           "--rate", 50, "--seconds", 0.3, "--pool", 2)  # fmt: skip
     assert query["ok"] == query["requests"] > 0
+
+
+def test_the_committed_docs_page_matches_the_committed_results() -> None:
+    from benchmarks.docs import PAGE, render
+
+    assert PAGE.read_text() == render(ROOT / "benchmarks" / "results"), (
+        "docs/benchmarks.md is stale: python -m benchmarks.docs"
+    )
