@@ -3,7 +3,7 @@
 
     python3 dev.py serve [options]   # create .venv if needed, install, run the service
     python3 dev.py test [pytest args]  # same venv plus test extras; ruff, mypy, then pytest
-    python3 dev.py bench             # install the benchmark extras; then run scripts in benchmarks/
+    python3 dev.py bench [NAME [--quick]]  # benchmark extras; run one (--list names them)
     python3 dev.py docs [--serve]    # build the docs site into site/ (mkdocs --strict), or serve it
 
 The virtual environment lives in ``.venv``. Each extra (the base install, ``test``, ``bench``)
@@ -92,8 +92,11 @@ def main(argv: list[str]) -> int:
     ensure_venv(EXTRAS[command])
     if command == "serve":
         os.execv(str(PY), [str(PY), "-m", "service", *rest])
-    if command == "bench":
-        return 0
+    if command == "bench":  # benchmarks/__main__.py: the runner and its --list
+        if not rest:
+            say("benchmark extras installed; `python3 dev.py bench --list` lists the benchmarks")
+            return 0
+        return run([str(PY), "-m", "benchmarks", *rest])
     if command == "docs":
         # The reference pages are generated from the code first; mkdocs then builds offline.
         code = run([str(PY), "docs/gen_reference.py"])

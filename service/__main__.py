@@ -316,6 +316,7 @@ def _config(settings: Settings, redis_url: str) -> uvicorn.Config:
         port=settings.port,
         log_level=settings.log_level,
         ws_max_size=settings.max_body_bytes,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
         timeout_graceful_shutdown=5,
     )
 

@@ -200,6 +200,14 @@ class Settings(BaseSettings):
     ws_window: int = Field(
         default=32, ge=1, description="WS ingestion frames in flight per connection."
     )
+    ws_per_message_deflate: bool = Field(
+        default=False,
+        description="Accept a WebSocket client's offer of permessage-deflate compression. Off: "
+        "Python's websockets and browsers offer it by default, and on one-sample JSON frames "
+        "it costs more CPU per frame than it saves in bytes, lowering the frames per second a "
+        "connection sustains (`python3 dev.py bench ingest` measures both). On: for large "
+        "frames on a slow or metered network, where fewer bytes are worth the CPU.",
+    )
     events_queue: int = Field(
         default=16, ge=1, description="Undelivered /events frames kept per reader."
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -10,8 +11,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.service.conftest import ServiceProcess
-from tests.service.support import assert_problem, core_learner, make_model, stream
+from tests.service.conftest import Launch, ServiceProcess
+from tests.service.support import SHARED_ENV, assert_problem, core_learner, make_model, stream
 
 
 def test_stream_acks_in_frame_order_and_equals_the_core(
@@ -167,3 +168,26 @@ def test_a_bad_query_parameter_is_the_handshakes_422_problem(
         {"loc": ["query", "interval_ms"], "msg": msg, "type": problem["errors"][0]["type"]}
     ]
     assert problem["detail"] == f"query.interval_ms: {msg}"
+
+
+def negotiated_extensions(ws_url: str, name: str) -> str | None:
+    """The Sec-WebSocket-Extensions the service answers to a client offering
+    permessage-deflate (as Python's websockets and browsers do by default)."""
+    with connect(f"{ws_url}/v1/models/{name}/stream", compression="deflate") as ws:
+        ws.send(json.dumps({"id": "one", "x": [1, 2], "y": "a"}))
+        assert json.loads(ws.recv(timeout=10))["ack"] == "one"
+        assert ws.response is not None
+        return ws.response.headers.get("Sec-WebSocket-Extensions")
+
+
+def test_permessage_deflate_is_declined_unless_a_setting_turns_it_on(
+    service: ServiceProcess, api: httpx.Client, name: str, launch: Launch, tmp_path: Path
+) -> None:
+    make_model(api, name, 2)
+    assert negotiated_extensions(service.ws_url, name) is None
+    # its own embedded Redis: the model is this process's to learn, nothing to forward
+    with launch(tmp_path, None, **SHARED_ENV, OPML_WS_PER_MESSAGE_DEFLATE="true") as on:
+        with on.client() as other:
+            make_model(other, name, 2)
+        extensions = negotiated_extensions(on.ws_url, name)
+    assert extensions is not None and "permessage-deflate" in extensions
