@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from redis.exceptions import RedisError
-
+from service.errors import Unavailable
 from service.storage.store import Store
 
 log = logging.getLogger("service.lease")
@@ -61,7 +60,7 @@ class Lease:
                 repr(self.created_at),
                 self.token,
             )
-        except RedisError:
+        except Unavailable:
             if self.token is not None and started - self._ok_at > self.ttl_s:
                 self.lose("it could not be renewed")
             raise

@@ -76,7 +76,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from redis.exceptions import RedisError
 
 from service import telemetry
 from service.config import Settings
@@ -90,7 +89,7 @@ from service.engine.lease import Lease
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import Snapshot, SnapshotBoard
 from service.engine.tasks import stop_task, wait_event
-from service.errors import NotCertifiable
+from service.errors import NotCertifiable, Unavailable
 from service.storage import checkpoint
 from service.storage.codec import (
     StreamId,
@@ -351,7 +350,7 @@ class Writer:
         async def chore() -> None:
             try:
                 await job
-            except RedisError as exc:
+            except Unavailable as exc:
                 telemetry.REDIS_ERROR["writer"].inc()
                 log.warning("%s: Redis error in the writer's %s (%s)", self.name, what, exc)
             except Exception:
@@ -420,7 +419,7 @@ class Writer:
                 backoff = 0.1
                 if wait > 0:
                     await wait_event(self._kick, wait)
-            except RedisError as exc:
+            except Unavailable as exc:
                 telemetry.REDIS_ERROR["writer"].inc()
                 log.warning("%s: Redis error in the writer (%s); retrying", self.name, exc)
                 await asyncio.sleep(backoff)

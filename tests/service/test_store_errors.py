@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import DataError, RedisError
 
-from service.storage.store import MAX_CONNECTIONS, _c_packing, _closed_transport, connect
+from service.storage.client import MAX_CONNECTIONS, _c_packing, _closed_transport, connect
 from tests.service.support import RedisServer
 
 
