@@ -31,7 +31,7 @@ class Listener:
     async def __aexit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        await self._pubsub.aclose()
+        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def subscribe(self, names: Iterable[str]) -> None:
         """Listen to the models ``names`` too."""
