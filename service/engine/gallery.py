@@ -4,7 +4,7 @@
 The engine part of identification (1:N); it takes arrays, ids and labels and answers with
 views and matches, and knows no HTTP.
 
-* **Durable.** An enrol is one Lua script (``_ENROL`` of :mod:`service.storage.store`) that
+* **Durable.** An enrol is one Lua script (``enrol.lua`` of :mod:`service.storage.gallery`) that
   writes the items and the ``Idempotency-Key`` record together; it is acknowledged after the
   script returned (with the embedded Redis and ``appendfsync always``: on disk). A delete is
   one script too. Every change counts in the model's meta hash (field ``gallery``). Start-up

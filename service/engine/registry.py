@@ -94,7 +94,7 @@ class Registry:
                 if version < (6, 2):
                     log.error("Redis %s is too old; 6.2 or newer is needed", version)
                 async with self._lock:
-                    # the registry may lag behind the models (see service.storage.store)
+                    # the registry may lag behind the models (see service.storage.models)
                     await self.store.repair_registry()
                 await self._round()
                 break

@@ -54,11 +54,16 @@ SCRIPTS: dict[str, str] = {
 
 
 def redacted_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs).
+    """``url`` (or each URL of a comma-separated list) with its password replaced by ``***``
+    (for logs).
 
     >>> redacted_url("redis://:pw@localhost:6379/0")
     'redis://:***@localhost:6379/0'
+    >>> redacted_url("redis://:pw@h1:7000,redis://u:pw@h2:7000")
+    'redis://:***@h1:7000,redis://u:***@h2:7000'
     """
+    if "," in url:
+        return ",".join(redacted_url(part) for part in url.split(","))
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -377,7 +382,7 @@ class Connection:
                 raise NotReplicated(
                     f"Redis replicas: {int(acks)} of {self.wait_replicas} confirmed the write "
                     f"within {self.wait_timeout_ms} ms (OPML_REDIS_WAIT_REPLICAS); it is not "
-                    "acknowledged: retry with the same Idempotency-Key / frame id"
+                    "acknowledged: retry it with the same idempotency key"
                 )
             return out
         raise ClusterUnavailable(f"the slot of {keys[0]} is moving between masters; retry")
