@@ -72,9 +72,7 @@ def count_accepted(runtime: ModelRuntime, transport: str, result: IngestResult |
         runtime.metrics.accepted[transport].inc(result.last_seq - result.first_seq + 1)
 
 
-def count_refused(
-    runtime: ModelRuntime, transport: str, samples: int, exc: ServiceError
-) -> None:
+def count_refused(runtime: ModelRuntime, transport: str, samples: int, exc: ServiceError) -> None:
     """Count ``samples`` refused for ``exc``'s reason (a failure of the store as
     unavailable)."""
     reason = exc.slug

@@ -6,6 +6,8 @@ The parts, each in a module named for its job:
 
 * :mod:`service.engine.writer` -- the single writer task: log -> learner -> snapshots,
   checkpoints;
+* :mod:`service.engine.offered` -- the appends of this process kept for the writer, applied
+  without reading them back;
 * :mod:`service.engine.snapshot` -- the immutable snapshots queries read, and waits on them;
 * :mod:`service.engine.lease` -- whether this process owns the model (applies and checkpoints);
 * :mod:`service.engine.admission` -- learner backpressure before an append;
@@ -33,11 +35,12 @@ from service.core.holdout import Flags
 from service.engine.admission import Admission, sample_work, unapplied_limit
 from service.engine.gallery import Gallery
 from service.engine.lease import Lease
+from service.engine.offered import Decoded
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import ModelClosed, Snapshot
 from service.engine.status import ModelStatus
 from service.engine.tasks import stop_task, wait_event
-from service.engine.writer import Decoded, Writer
+from service.engine.writer import Writer
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from service.storage.codec import StreamId, encode_flags, encode_vector, sample_id
 from service.storage.group_commit import GroupCommit

@@ -80,12 +80,12 @@ import numpy as np
 from service import telemetry
 from service.config import Settings
 from service.core import Learner, LearnerConfig, StepResults
-from service.core._validation import Array
 from service.core.certificates import Certificate, Method
-from service.core.holdout import Flags, Holdout
+from service.core.holdout import Holdout
 from service.engine.admission import sample_work, samples_per_batch
 from service.engine.certify import certify
 from service.engine.lease import Lease
+from service.engine.offered import Decoded, Entries, OfferedEntries
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import Snapshot, SnapshotBoard
 from service.engine.tasks import stop_task, wait_event
@@ -103,19 +103,10 @@ from service.storage.store import Appended, Fenced, Group, Store, Tail
 
 log = logging.getLogger("service.writer")
 
-#: A log entry as read: (id, fields); and a batch of them.
-Entry = tuple[StreamId, dict[bytes, bytes]]
-Entries = list[Entry]
-#: The samples of a sample entry, as decoding it gives them: rows, class keys, ``holdout``
-#: flags (None: none set).
-Decoded = tuple[Array, list[str], Flags | None]
-
 #: Longest wait, after a batch that reached the end of the log, before the read that publishes
 #: its applied seq (see the module docstring); the admission control of other processes polls
 #: that seq about as often (``service.engine.runtime.FOLLOWER_POLL_S``).
 PUBLISH_DELAY_S = 0.02
-#: Most appends kept for :meth:`Writer.offer` (beyond it they are read back from the log).
-MAX_OFFERED = 4096
 #: An offered entry is applied without a read only this soon after the latest read.
 SKIP_READ_S = PUBLISH_DELAY_S
 #: Offered appends are learned together once this many samples are offered (at most a batch)...
@@ -193,9 +184,8 @@ class Writer:
         self._saved: StreamId | None = None  # log position of our latest checkpoint
         self._per_entry = 1.0  # samples per log entry in the latest batch
         self._replaying = False  # applying the log tail found at start-up
-        #: Appends of this process as logged: first seq -> (puts before it, the entry, its
-        #: samples decoded, when it was offered).
-        self._offered: dict[int, tuple[int, Entry, Decoded | None, float]] = {}
+        #: Appends of this process as logged (:meth:`offer`).
+        self._offered = OfferedEntries()
         self._read_at: float | None = None  # monotonic time of the latest log read
         #: The one Redis job the writer runs beside its batches (:meth:`_start_chore`): the periodic
         #: one-entry read or a checkpoint write.
@@ -262,26 +252,7 @@ class Writer:
         """``group`` was logged by this process as one entry (``appended``): keep it, to be
         applied without a read when it is the log's next entry (see the module docstring).
         ``decoded``: the samples ``group`` was encoded from (what decoding it gives back)."""
-        if appended.puts < 0 or len(self._offered) >= MAX_OFFERED:
-            return
-        entry = ((appended.last_seq, 1), group.entry_fields())
-        self._offered[appended.first_seq] = (appended.puts, entry, decoded, time.monotonic())
-
-    def _next_offered(self, count: int) -> tuple[Entries, list[Decoded | None]]:
-        """The offered entries that certainly follow the applied state in the log (at most
-        ``count``), in order, taken; and their samples as offered."""
-        version = self.board.current.version
-        entries: Entries = []
-        decoded: list[Decoded | None] = []
-        while len(entries) < count and (offered := self._offered.get(version + 1)) is not None:
-            puts, entry, samples, _ = offered
-            if puts != self.metric_puts:  # a metric replacement comes first: read the log
-                break
-            del self._offered[version + 1]
-            entries.append(entry)
-            decoded.append(samples)
-            version = entry[0][0]
-        return entries, decoded
+        self._offered.add(appended, group, decoded, time.monotonic())
 
     def _coalesce(self) -> int:
         """How many offered samples make a batch that is not held back."""
@@ -293,16 +264,10 @@ class Writer:
         docstring)."""
         if self._stopping or self.board.waiting:
             return 0.0
-        version = self.board.current.version
-        first = self._offered[version + 1]
-        enough = self._coalesce()
-        while (offered := self._offered.get(version + 1)) is not None:
-            last = offered[1][0][0]
-            enough -= last - version
-            if enough <= 0:
-                return 0.0
-            version = last
-        left = first[3] + APPLY_DELAY_S - now
+        due = self._offered.held_until(self.board.current.version, self._coalesce(), APPLY_DELAY_S)
+        if due is None:
+            return 0.0
+        left = due - now
         return left if left >= HOLD_RESOLUTION_S else 0.0
 
     def _may_apply_offered(self) -> bool:
@@ -371,9 +336,9 @@ class Writer:
                 self._start_chore(self._save_checkpoint(pending), "checkpoint")
         elif not self._read_recently(read_at) and self._may_apply_offered():
             current = self.board.current
-            offered = self._offered.get(current.version + 1)
+            offered = self._offered.next_of(current.version)
             if offered is not None:
-                self._start_chore(self._light_read(read_at, current, offered[1][0]), "read")
+                self._start_chore(self._light_read(read_at, current, offered.entry[0]), "read")
 
     def _overtaken(self, tail: Tail) -> bool:
         """Whether another process checkpointed past the applied state: then it owns the model
@@ -448,7 +413,9 @@ class Writer:
                 self._holding = True
                 return hold
             self._chores(read_at)  # beside this batch: the read checks its first entry
-            offered, decoded = self._next_offered(count)
+            offered, decoded = self._offered.take(
+                self.board.current.version, count, self.metric_puts
+            )
         if offered:
             await self._apply(offered, decoded)
             self.offered_applied += len(offered)
@@ -608,9 +575,7 @@ class Writer:
     def _publish(self, snapshot: Snapshot) -> None:
         self.logged_seq = max(self.logged_seq, snapshot.version)
         self.board.publish(snapshot)
-        if self._offered:  # those applied (read back from the log) are not needed any more
-            for first in [first for first in self._offered if first <= snapshot.version]:
-                del self._offered[first]
+        self._offered.drop_through(snapshot.version)  # applied (read back): not needed
 
     # -- checkpoints ---------------------------------------------------------------------------
 
