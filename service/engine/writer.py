@@ -69,10 +69,8 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import math
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -84,6 +82,7 @@ from service.core.certificates import Certificate, Method
 from service.core.holdout import Holdout
 from service.engine.admission import sample_work, samples_per_batch
 from service.engine.certify import certify
+from service.engine.checkpointing import CheckpointInfo, CheckpointSchedule, PendingCheckpoint
 from service.engine.lease import Lease
 from service.engine.offered import Decoded, Entries, OfferedEntries
 from service.engine.results import StepResultsKeeper
@@ -135,14 +134,6 @@ HOLD_RESOLUTION_S = 0.001
 INLINE_WORK = 1 << 20
 
 
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What the latest known checkpoint covers (``seq``) and when it was written."""
-
-    seq: int = 0
-    at: float | None = None
-
-
 class Writer:
     """The writer task of one model (see the module docstring)."""
 
@@ -179,8 +170,8 @@ class Writer:
         self._holding = False
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        self._since_checkpoint = 0  # samples applied since the last checkpoint
-        self._dirty_since: float | None = None
+        #: Samples applied since the latest checkpoint, and since when.
+        self.unsaved = CheckpointSchedule(settings.checkpoint_every, settings.checkpoint_interval_s)
         self._saved: StreamId | None = None  # log position of our latest checkpoint
         self._per_entry = 1.0  # samples per log entry in the latest batch
         self._replaying = False  # applying the log tail found at start-up
@@ -464,10 +455,8 @@ class Writer:
                 if self._replaying:
                     self.metrics.replayed.inc(len(results))
                 self.results.record(seqs, results)
-            self._since_checkpoint += samples
+            self.unsaved.learned(samples, time.monotonic())
             self._per_entry = max(1.0, samples / len(entries))
-            if self._dirty_since is None:
-                self._dirty_since = time.monotonic()
             self._publish(snapshot)
         self.metrics.update_duration.observe(time.perf_counter() - started)
         self._certificate_due(snapshot.version)
@@ -584,17 +573,11 @@ class Writer:
         self.metric_puts = restored.metric_puts
         self.checkpoint = CheckpointInfo(restored.seq, restored.time)
         self._saved = restored.applied
-        self._since_checkpoint = 0
-        self._dirty_since = None
+        self.unsaved.reset()
         self._publish(Snapshot.of(self.learner, restored.applied, self.metric_puts))
 
     def _checkpoint_due(self) -> bool:
-        if self._since_checkpoint >= self.settings.checkpoint_every:
-            return True
-        return (
-            self._dirty_since is not None
-            and time.monotonic() - self._dirty_since >= self.settings.checkpoint_interval_s
-        )
+        return self.unsaved.due(time.monotonic())
 
     async def _write_checkpoint(self) -> None:
         """Checkpoint the learner as of the current snapshot and trim the log behind it (the
@@ -603,7 +586,7 @@ class Writer:
         if pending is not None:
             await self._save_checkpoint(pending)
 
-    def _encode_checkpoint(self) -> _Pending | None:
+    def _encode_checkpoint(self) -> PendingCheckpoint | None:
         """The checkpoint of the current snapshot, encoded (the learner does not change while
         it is written: it is counted as saved, and :meth:`_save_checkpoint` undoes that if
         the write fails). None without the lease."""
@@ -615,15 +598,13 @@ class Writer:
         ckpt, buffer = checkpoint.encode(
             self.learner, applied=current.applied, metric_puts=self.metric_puts, time=now
         )
-        pending = _Pending(
+        since, dirty_since = self.unsaved.take()
+        return PendingCheckpoint(
             ckpt, buffer, current.applied, current.version, now, token,
-            self._since_checkpoint, self._dirty_since, time.perf_counter(),
+            since, dirty_since, time.perf_counter(),
         )  # fmt: skip
-        self._since_checkpoint = 0
-        self._dirty_since = None
-        return pending
 
-    async def _save_checkpoint(self, pending: _Pending) -> None:
+    async def _save_checkpoint(self, pending: PendingCheckpoint) -> None:
         written = False
         try:
             written = await self.store.write_checkpoint(
@@ -640,30 +621,13 @@ class Writer:
             )
         finally:
             if not written:  # still unsaved: due again
-                self._since_checkpoint += pending.since
-                if pending.dirty_since is not None:
-                    self._dirty_since = min(pending.dirty_since, self._dirty_since or math.inf)
+                self.unsaved.put_back(pending.since, pending.dirty_since)
         if not written:
             return
         self._saved = pending.applied
         self.checkpoint = CheckpointInfo(pending.version, pending.time)
         self.metrics.checkpoint_duration.observe(time.perf_counter() - pending.started)
         log.debug("%s: checkpoint at %s", self.name, format_id(pending.applied))
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """A checkpoint encoded and not yet written, and what it counted as saved."""
-
-    checkpoint: dict[str, bytes]
-    buffer: dict[str, bytes]
-    applied: StreamId
-    version: int
-    time: float
-    token: int
-    since: int  # samples it covers that the previous checkpoint did not
-    dirty_since: float | None
-    started: float  # perf_counter when it was encoded
 
 
 def _entry_samples(entries: Entries) -> int:
