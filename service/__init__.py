@@ -3,8 +3,9 @@
 Architecture
 ============
 
-The folders, and what each may import from the others (``tests/test_architecture.py`` checks
-both this list and that no import cycle exists anywhere in ``service/``):
+The folders, and what each may import from the others (import-linter's contracts in
+``pyproject.toml``, run by ``tests/test_architecture.py``, which also checks this list module by
+module and that no import cycle exists anywhere in ``service/``):
 
 * ``core/`` -- the algorithm: learner, closed-form updates, calibration, estimators (pure
   numpy/numba; no web, Redis or asyncio). Imports nothing of the service.
@@ -12,14 +13,19 @@ both this list and that no import cycle exists anywhere in ``service/``):
 * ``config.py`` -- every setting (pydantic-settings, ``OPML_*``). Imports nothing.
 * ``telemetry.py`` -- the Prometheus event metrics and each model's bound series. Imports
   ``core``.
-* ``storage/`` -- Redis: key names, byte layouts, the Lua scripts, the group-commit queue, the
-  append lane (one pipelined connection for the appends), the checkpoint record, the embedded
-  server. Imports ``core``.
+* ``storage/`` -- Redis: key names, byte layouts, the Lua scripts (``storage/lua/``), one store
+  class per aggregate over a shared client, the group-commit queue, the append lane (one
+  pipelined connection for the appends), the checkpoint record, the embedded server. Imports
+  ``core`` and ``errors`` (the domain's errors are its vocabulary too): every failure of the
+  Redis client leaves it as ``StorageUnavailable`` (``storage/errors.py``).
 * ``engine/`` -- the runtime engine: registry, one model's runtime, writer, snapshots, status,
   lease, admission, ``?wait=true`` results. Imports ``core``, ``storage``, ``errors``,
-  ``config``, ``telemetry``.
+  ``config``, ``telemetry``; not ``redis`` (it catches the domain's errors only), nor any web
+  library.
 * ``api/`` -- HTTP/WebSocket: parsing, schemas, routes, the lean path, presenters,
-  problem+json, authentication, limits, observation. Imports all of the above.
+  problem+json (the one mapping from errors to answers, middleware included), authentication,
+  limits, observation. Imports all of the above but ``storage``, and not ``redis``: what it
+  needs of the log comes through the engine.
 * ``main.py`` (the app factory: Redis, engine and API wired together) and ``__main__.py`` (the
   command line) may import anything.
 
@@ -33,7 +39,7 @@ The durability path of a sample, with the file that does each step:
 2. **admission** -- ``engine/admission.py`` holds the append back while the learner is more
    than ``OPML_MAX_UNAPPLIED`` samples behind (backpressure, in arrival order);
 3. **group commit** -- ``storage/group_commit.py`` gathers the appends that arrive together;
-4. **Lua append** -- ``storage/store.py`` (``_APPEND``, sent on the append lane of
+4. **Lua append** -- ``storage/logstore.py`` (``storage/lua/append.lua``, sent on the append lane of
    ``storage/lane.py`` on a single server): one script assigns the seqs, records
    the idempotency answer and ``XADD``\\ s one entry per request/frame, atomically; the ack is
    sent only after it returned (with ``OPML_REDIS_WAIT_REPLICAS`` = n, and after ``WAIT n``
@@ -45,7 +51,8 @@ The durability path of a sample, with the file that does each step:
 7. **snapshot** -- ``engine/snapshot.py``: an immutable view published after each batch;
    queries read only snapshots;
 8. **checkpoint** -- ``storage/checkpoint.py`` (the record) written by the writer with the
-   lease's fencing token (``engine/lease.py``) through ``storage/store.py`` (``_CHECKPOINT``),
+   lease's fencing token (``engine/lease.py``) through ``storage/logstore.py``
+   (``storage/lua/checkpoint.lua``),
    which trims the log behind it. A restart loads the checkpoint and replays the log tail.
 
 Importing this package imports nothing heavy.

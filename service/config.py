@@ -26,7 +26,9 @@ class Settings(BaseSettings):
         description="Embedded Redis: its working dir (AOF files, pid/port file).",
     )
     redis_url: str | None = Field(
-        default=None, description="Use this Redis (>= 6.2) instead of starting the embedded one."
+        default=None,
+        description="Use this Redis (>= 6.2) instead of starting the embedded one: a single "
+        "server, any node of a Redis Cluster, or several cluster nodes separated by commas.",
     )
     redis_appendfsync: Literal["always", "everysec", "no"] = Field(
         default="always", description="Embedded Redis AOF fsync policy (always: an ack is on disk)."

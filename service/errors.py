@@ -108,3 +108,8 @@ class Unavailable(ServiceError):
     def __init__(self, detail: str, *, retry_after: int = 1, **extra: Any) -> None:
         super().__init__(detail, **extra)
         self.retry_after = retry_after
+
+
+class StorageUnavailable(Unavailable):
+    """A call to the store failed (Redis or the network to it: unreachable, timed out, a
+    cluster failover under way); nothing is known to have changed unless the detail says so."""

@@ -32,7 +32,6 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 from starlette.datastructures import Headers, QueryParams
-from starlette.exceptions import HTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -40,10 +39,10 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from service.api import parsing
-from service.api.problems import HttpError, problem_response
+from service.api.problems import problem_response, response_for
 from service.api.schemas import NAME_PATTERN
 from service.engine.registry import Registry
-from service.errors import NotFound, ServiceError, Unavailable
+from service.errors import NotFound, Unavailable
 
 HOP_HEADER = "x-opml-forwarded-by"
 SERVED_BY_HEADER = "x-opml-served-by"
@@ -240,8 +239,8 @@ class OwnerRouting:
             return
         try:
             target = await self._target(scope, match.group(1))
-        except ServiceError as exc:
-            await problem_response(exc)(scope, receive, send)
+        except Exception as exc:  # outside FastAPI's error layer: answered as it would
+            await response_for(exc)(scope, receive, send)
             return
         if target is None:
             await self.app(scope, receive, send)
@@ -254,10 +253,8 @@ class OwnerRouting:
         try:
             body = await _read_body(receive)
             response = await forwarder.http(scope, body, url, member)
-        except ServiceError as exc:
-            response = problem_response(exc)
-        except HTTPException as exc:  # BodyLimit: a streamed body over OPML_MAX_BODY_BYTES
-            response = problem_response(HttpError(exc.status_code, str(exc.detail)))
+        except Exception as exc:  # as above (a body over OPML_MAX_BODY_BYTES among them)
+            response = response_for(exc)
         await response(scope, receive, send)
 
     async def _target(self, scope: Scope, name: str) -> tuple[str, str] | None:

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from redis.exceptions import RedisError
-
 from service.api import parsing
 from service.api.schemas import SampleFields
 from service.core._validation import Array
 from service.core.holdout import Flags
-from service.engine.runtime import IngestResult, ModelRuntime
-from service.errors import LimitExceeded, NotFound, ServiceError, Unavailable
-from service.storage.store import Appended
+from service.engine.runtime import Appended, IngestResult, ModelRuntime
+from service.errors import LimitExceeded, NotFound, ServiceError
 
 Items = Sequence[SampleFields] | parsing.Block
 
@@ -43,7 +40,7 @@ async def ingest(
         result = await runtime.ingest(
             X, keys, holdout=holdout, idempotency_field=idempotency_field, wait=wait
         )
-    except (ServiceError, RedisError) as exc:
+    except ServiceError as exc:
         count_refused(runtime, transport, len(items), exc)
         raise
     count_accepted(runtime, transport, result)
@@ -75,10 +72,9 @@ def count_accepted(runtime: ModelRuntime, transport: str, result: IngestResult |
         runtime.metrics.accepted[transport].inc(result.last_seq - result.first_seq + 1)
 
 
-def count_refused(
-    runtime: ModelRuntime, transport: str, samples: int, exc: ServiceError | RedisError
-) -> None:
-    """Count ``samples`` refused for ``exc``'s reason (a Redis failure as unavailable)."""
-    reason = exc.slug if isinstance(exc, ServiceError) else Unavailable.slug
+def count_refused(runtime: ModelRuntime, transport: str, samples: int, exc: ServiceError) -> None:
+    """Count ``samples`` refused for ``exc``'s reason (a failure of the store as
+    unavailable)."""
+    reason = exc.slug
     if reason != NotFound.slug:  # a vanished model has no series to count in
         runtime.metrics.rejected(transport, reason, samples)

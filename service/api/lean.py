@@ -29,20 +29,17 @@ from __future__ import annotations
 import re
 
 from fastapi.routing import APIRoute
-from redis.exceptions import RedisError
 from starlette.datastructures import Headers, QueryParams
-from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import telemetry
 from service.api import parsing
-from service.api.problems import HttpError, from_redis, problem_response, unexpected
+from service.api.problems import response_for
 from service.api.routes import gallery, ops, queries, samples
 from service.api.schemas import NAME_PATTERN
 from service.engine.registry import Registry
-from service.errors import ServiceError
 
 _HOT = ("samples", "distance", "verify", "identify")
 _PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")/(" + "|".join(_HOT) + ")")
@@ -126,17 +123,10 @@ class LeanPath:
                     query.get("k"), query.get("threshold"),
                 )  # fmt: skip
             return await queries.answer_verify(models, name, min_version, content_type, body)
-        except ServiceError as exc:
-            return problem_response(exc)
-        except HTTPException as exc:  # BodyLimit: a streamed body over OPML_MAX_BODY_BYTES
-            return problem_response(HttpError(exc.status_code, str(exc.detail)))
-        except RedisError as exc:
-            telemetry.REDIS_ERROR["api"].inc()
-            return problem_response(from_redis(exc))
         except ClientDisconnect:
             raise
         except Exception as exc:  # outside FastAPI's error layer: answered as it would
-            return unexpected(exc)
+            return response_for(exc)
 
 
 async def _read_body(receive: Receive) -> bytes:

@@ -1,8 +1,9 @@
 """Every error answer of the API as RFC 9457 ``application/problem+json``, decided here once.
 
-A :class:`~service.errors.ServiceError` (the domain's errors), FastAPI's request validation
-errors, Starlette's HTTP errors (unknown route, wrong method, a body over the limit), Redis
-failures (503) and anything unexpected (500, no traceback in the body) all become a problem
+A :class:`~service.errors.ServiceError` (the domain's errors, among them the store's failures:
+503 with ``Retry-After``), FastAPI's request validation errors, Starlette's HTTP errors (unknown
+route, wrong method, a body over the limit) and anything unexpected (500, no traceback in the
+body) all become a problem
 document: ``type`` (``/problems/<slug>``), ``title``, ``status``, ``detail`` and the error's
 own members (``errors``, ``retry_after`` ...).
 
@@ -22,13 +23,18 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError, WebSocketRequestValidationError
 from fastapi.responses import JSONResponse
-from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import telemetry
 from service.api.parsing import invalid_request
-from service.errors import Forbidden, ServiceError, Unauthorized, Unavailable
-from service.storage.store import NotReplicated
+from service.engine.runtime import NotAppliedYet
+from service.errors import (
+    Forbidden,
+    ServiceError,
+    StorageUnavailable,
+    Unauthorized,
+    Unavailable,
+)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 #: Base of the ``type`` URIs (relative references, RFC 9457 Sec. 3.1.1).
@@ -76,11 +82,14 @@ def problem(error: ServiceError) -> dict[str, Any]:
     """The problem document of ``error`` (JSON-safe)."""
     status = status_of(error)
     title = STATUS.get(error.slug, (status, "HTTP error"))[1]
+    detail = error.detail
+    if isinstance(error, NotAppliedYet):  # how to read them once applied, in the API's terms
+        detail += f"; query with min_version={error.last_seq}"
     body: dict[str, Any] = {
         "type": TYPE_BASE + error.slug,
         "title": title,
         "status": status,
-        "detail": error.detail,
+        "detail": detail,
     }
     body.update(jsonable_encoder(error.extra))
     return body
@@ -98,7 +107,8 @@ def headers_of(error: ServiceError) -> dict[str, str]:
 
 
 def problem_response(error: ServiceError) -> JSONResponse:
-    """The HTTP answer for ``error``."""
+    """The HTTP answer for ``error`` (a failure of the store counted, :func:`count`)."""
+    count(error)
     return JSONResponse(
         problem(error),
         status_code=status_of(error),
@@ -107,12 +117,20 @@ def problem_response(error: ServiceError) -> JSONResponse:
     )
 
 
-def from_redis(exc: RedisError) -> Unavailable:
-    """The 503 a failed Redis call turns into (a redirect of Redis Cluster never gets here:
-    the cluster client follows it; a failover in progress does, and passes)."""
-    if isinstance(exc, NotReplicated):  # its message says what to do
-        return Unavailable(str(exc))
-    return Unavailable(f"Redis is unavailable ({type(exc).__name__}); retry shortly")
+def count(error: ServiceError, where: str = "api") -> None:
+    """Count a failure of the store (``opml_redis_errors_total``) that an answer reports."""
+    if isinstance(error, StorageUnavailable):
+        telemetry.REDIS_ERROR[where].inc()
+
+
+def response_for(exc: Exception) -> JSONResponse:
+    """The answer for any exception raised outside FastAPI's error layer (the ASGI
+    middleware: forwarding, the lean routes), exactly as the app's handlers would give it."""
+    if isinstance(exc, ServiceError):
+        return problem_response(exc)
+    if isinstance(exc, StarletteHTTPException):  # BodyLimit: a body over OPML_MAX_BODY_BYTES
+        return problem_response(HttpError(exc.status_code, str(exc.detail), exc.headers))
+    return unexpected(exc)
 
 
 def unexpected(exc: Exception) -> JSONResponse:
@@ -182,14 +200,8 @@ def install(app: FastAPI) -> None:
             return problem_response(HttpError(405, detail, {"Allow": allowed}))
         return problem_response(HttpError(exc.status_code, str(exc.detail), exc.headers))
 
-    async def on_redis(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RedisError)
-        telemetry.REDIS_ERROR["api"].inc()
-        return problem_response(from_redis(exc))
-
     app.add_exception_handler(ServiceError, on_service_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(WebSocketRequestValidationError, on_ws_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(RedisError, on_redis)
     app.add_exception_handler(Exception, on_unexpected)

@@ -4,7 +4,7 @@
 The engine part of identification (1:N); it takes arrays, ids and labels and answers with
 views and matches, and knows no HTTP.
 
-* **Durable.** An enrol is one Lua script (``_ENROL`` of :mod:`service.storage.store`) that
+* **Durable.** An enrol is one Lua script (``enrol.lua`` of :mod:`service.storage.gallery`) that
   writes the items and the ``Idempotency-Key`` record together; it is acknowledged after the
   script returned (with the embedded Redis and ``appendfsync always``: on disk). A delete is
   one script too. Every change counts in the model's meta hash (field ``gallery``). Start-up
@@ -70,7 +70,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from redis.exceptions import RedisError
 
 from service import telemetry
 from service.config import Settings
@@ -240,7 +239,7 @@ class Gallery:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def load(self) -> None:
-        """Read the gallery from Redis (start-up; RedisError is the caller's to retry)."""
+        """Read the gallery from Redis (start-up; Unavailable is the caller's to retry)."""
         async with self._lock:
             await self._reload()
 
@@ -312,7 +311,7 @@ class Gallery:
                     f"the gallery holds {exc.size} items; at most {limit} per model "
                     "(OPML_MAX_GALLERY)"
                 ) from None
-            except RedisError:
+            except Unavailable:
                 self._stale = True  # the script may have run: Redis is the truth
                 raise
             if done.replayed:
@@ -356,7 +355,7 @@ class Gallery:
                 raise NotFound(f"model {self.name!r} does not exist") from None
             except NoSuchItem:
                 raise NotFound(f"the gallery has no item with id {key!r}") from None
-            except RedisError:
+            except Unavailable:
                 self._stale = True
                 raise
             if changes != self._changes + 1 or key not in self._index:

@@ -2,7 +2,7 @@
 
 The lease is the Redis string ``opml:{name}:lease`` = ``"<fencing token> <owner id>"`` with a
 TTL of ``OPML_LEASE_TTL_S``; a grant takes a new fencing token from ``INCR opml:{name}:fence``
-(Lua scripts in :mod:`service.storage.store`). The registry's lease loop calls :meth:`Lease.claim`
+(Lua scripts of :mod:`service.storage.leases`). The registry's lease loop calls :meth:`Lease.claim`
 every third of the TTL: it renews the lease while we hold it, or takes it when it is free. The
 checkpoint script refuses a write whose token is not the latest granted, so a process paused
 past its lease (GC, SIGSTOP, a VM migration) can never overwrite a newer owner's checkpoint; it
@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import time
 
-from redis.exceptions import RedisError
-
+from service.errors import Unavailable
 from service.storage.store import Store
 
 log = logging.getLogger("service.lease")
@@ -61,7 +60,7 @@ class Lease:
                 repr(self.created_at),
                 self.token,
             )
-        except RedisError:
+        except Unavailable:
             if self.token is not None and started - self._ok_at > self.ttl_s:
                 self.lose("it could not be renewed")
             raise

@@ -16,7 +16,7 @@ leaves the membership and hands everything over at once; a process that dies los
 when its leases expire (within the TTL).
 
 Appends made through any process but the model's owner are announced on the model's own
-pub/sub channel (``opml:appended:<name>``) by the append script itself (the owner wakes its
+pub/sub channel (:mod:`service.storage.notices`) by the append script itself (the owner wakes its
 writer directly). The listener here subscribes to the channels of the models this process
 learns or should learn, and to no others (an append costs one notification in the whole
 deployment, not one per process); it wakes the owner's writer at once, and also retries the
@@ -37,9 +37,6 @@ import secrets
 import socket
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING
-
-from redis.exceptions import RedisError
 
 from service import telemetry
 from service.config import Settings
@@ -47,12 +44,8 @@ from service.core import LearnerConfig
 from service.engine.membership import Membership
 from service.engine.runtime import ModelRuntime
 from service.engine.tasks import stop_task, wait_event
-from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
-from service.storage.keys import appended_channel, name_of_channel
-from service.storage.store import Store
-
-if TYPE_CHECKING:
-    from redis.asyncio.client import PubSub
+from service.errors import Conflict, LimitExceeded, NotFound, StorageUnavailable, Unavailable
+from service.storage.store import Listener, Store
 
 log = logging.getLogger("service.registry")
 
@@ -101,11 +94,11 @@ class Registry:
                 if version < (6, 2):
                     log.error("Redis %s is too old; 6.2 or newer is needed", version)
                 async with self._lock:
-                    # the registry may lag behind the models (see service.storage.store)
+                    # the registry may lag behind the models (see service.storage.models)
                     await self.store.repair_registry()
                 await self._round()
                 break
-            except RedisError as exc:
+            except Unavailable as exc:
                 telemetry.REDIS_ERROR["loader"].inc()
                 log.warning("loading models: Redis unavailable (%s); retrying", exc)
                 await self._pause(delay)
@@ -118,7 +111,7 @@ class Registry:
                 return
             try:
                 await self._round()
-            except RedisError as exc:
+            except Unavailable as exc:
                 telemetry.REDIS_ERROR["loader"].inc()
                 log.warning("placing models: Redis unavailable (%s); retrying", exc)
 
@@ -208,23 +201,22 @@ class Registry:
             heard: set[str] = set()
             seen = -1
             try:
-                async with self.store.appends() as pubsub:
+                async with self.store.listen() as listener:
                     while not self._closing.is_set():
                         if seen != self._placed:
                             seen = self._placed
-                            await self._follow(pubsub, heard)
+                            await self._follow(listener, heard)
                         if not heard:  # nothing subscribed: nothing to read
                             await self._pause(_LISTEN_TICK_S)
                             continue
-                        message = await pubsub.get_message(timeout=_LISTEN_TICK_S)
-                        if message is None or message["type"] not in ("message", "subscribe"):
-                            continue
-                        self._appended(name_of_channel(message["channel"]))
-            except RedisError as exc:  # the writers still poll; resubscribe shortly
+                        name = await listener.next_model(_LISTEN_TICK_S)
+                        if name is not None:
+                            self._appended(name)
+            except Unavailable as exc:  # the writers still poll; resubscribe shortly
                 log.debug("append notifications interrupted (%s); resubscribing", exc)
                 await self._pause(1.0)
 
-    async def _follow(self, pubsub: PubSub, heard: set[str]) -> None:
+    async def _follow(self, listener: Listener, heard: set[str]) -> None:
         """Subscribe to the channels of the models learned here or that should be, and
         unsubscribe from the others (``heard``: the models subscribed to, updated)."""
         wanted = {
@@ -233,9 +225,9 @@ class Registry:
             if runtime.writer is not None or self.membership.should_own(name)
         }
         if wanted - heard:
-            await pubsub.subscribe(*(appended_channel(n) for n in sorted(wanted - heard)))
+            await listener.subscribe(sorted(wanted - heard))
         if heard - wanted:
-            await pubsub.unsubscribe(*(appended_channel(n) for n in sorted(heard - wanted)))
+            await listener.unsubscribe(sorted(heard - wanted))
         heard.clear()
         heard.update(wanted)
 
@@ -260,7 +252,7 @@ class Registry:
         self._closing.set()
         for task in self._tasks:
             await stop_task(task)
-        with contextlib.suppress(RedisError):
+        with contextlib.suppress(Unavailable):
             await self.membership.leave()
         await asyncio.gather(*(_hand_back(rt) for rt in self.runtimes.values()))
 
@@ -339,7 +331,7 @@ class Registry:
             runtime = self._runtime(name, config, created_at)
             self.runtimes[name] = runtime
             async with runtime.placing:
-                with contextlib.suppress(RedisError):  # else the placement loop takes it
+                with contextlib.suppress(Unavailable):  # else the placement loop takes it
                     if await runtime.claim():
                         runtime.activate()
                         self._placed += 1
@@ -362,7 +354,7 @@ async def _hand_back(runtime: ModelRuntime) -> None:
 
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and (exc := task.exception()) is not None:
-        if isinstance(exc, RedisError):
+        if isinstance(exc, StorageUnavailable):
             telemetry.REDIS_ERROR["loader"].inc()
         else:
             log.error("taking a model over failed", exc_info=exc)

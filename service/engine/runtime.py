@@ -6,6 +6,8 @@ The parts, each in a module named for its job:
 
 * :mod:`service.engine.writer` -- the single writer task: log -> learner -> snapshots,
   checkpoints;
+* :mod:`service.engine.offered` -- the appends of this process kept for the writer, applied
+  without reading them back;
 * :mod:`service.engine.snapshot` -- the immutable snapshots queries read, and waits on them;
 * :mod:`service.engine.lease` -- whether this process owns the model (applies and checkpoints);
 * :mod:`service.engine.admission` -- learner backpressure before an append;
@@ -22,9 +24,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
-
-from redis.exceptions import RedisError
+from typing import Any, Protocol
 
 from service import telemetry
 from service.config import Settings
@@ -35,15 +35,17 @@ from service.core.holdout import Flags
 from service.engine.admission import Admission, sample_work, unapplied_limit
 from service.engine.gallery import Gallery
 from service.engine.lease import Lease
+from service.engine.offered import Decoded
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import ModelClosed, Snapshot
 from service.engine.status import ModelStatus
 from service.engine.tasks import stop_task, wait_event
-from service.engine.writer import Decoded, Writer
+from service.engine.writer import Writer
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
 from service.storage.codec import StreamId, encode_flags, encode_vector, sample_id
 from service.storage.group_commit import GroupCommit
-from service.storage.store import Appended, Group, NoSuchModel, Store, TooManyClasses
+from service.storage.store import Appended as Appended
+from service.storage.store import Group, NoSuchModel, Store, TooManyClasses
 
 log = logging.getLogger("service.runtime")
 
@@ -85,15 +87,29 @@ def fingerprint(x: bytes, keys: list[str], holdout: Flags | None = None) -> str:
     return h.hexdigest()[:32]
 
 
-class _Append:
+class AppendOwner(Protocol):
+    """What a queued append reports back to (the model's runtime): all that
+    :class:`PendingAppend` needs of it."""
+
+    def logged_here(self, appended: Appended, group: Group, decoded: Decoded) -> None:
+        """``group``, appended by this process, is in the log as ``appended``."""
+
+    def refusal(self, exc: BaseException) -> BaseException:
+        """What a failed append raises to its caller."""
+
+    def release_room(self, samples: int) -> None:
+        """Admitted samples are logged now, or will not be: free their room."""
+
+
+class PendingAppend:
     """An append of :meth:`ModelRuntime.submit` in the model's group commit
     (:class:`~service.storage.group_commit.Append`): its caller awaits :attr:`answer`, and
-    gives up by cancelling it."""
+    gives up by cancelling it; its outcome goes to its :class:`AppendOwner`."""
 
-    __slots__ = ("_decoded", "_runtime", "answer", "group")
+    __slots__ = ("_decoded", "_owner", "answer", "group")
 
-    def __init__(self, runtime: ModelRuntime, group: Group, decoded: Decoded) -> None:
-        self._runtime = runtime
+    def __init__(self, owner: AppendOwner, group: Group, decoded: Decoded) -> None:
+        self._owner = owner
         self._decoded = decoded
         self.group = group
         self.answer: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
@@ -102,14 +118,14 @@ class _Append:
         return self.answer.done()  # nothing but a cancel settles it before the queue does
 
     def settle(self, outcome: Appended | BaseException | None) -> None:
-        runtime, answer = self._runtime, self.answer
+        owner, answer = self._owner, self.answer
         try:
             if isinstance(outcome, Appended):
                 if not outcome.replayed:  # logged, whether its caller still waits or not
                     try:
-                        runtime._logged_here(outcome, self.group, self._decoded)
+                        owner.logged_here(outcome, self.group, self._decoded)
                     except Exception:  # a bug: the entry is logged all the same, and read
-                        log.exception("%s: handing an append to the writer failed", runtime.name)
+                        log.exception("handing an append to the writer failed")
                 if answer.done():
                     return
                 if outcome.replayed and outcome.fingerprint != self.group.fingerprint:
@@ -125,9 +141,28 @@ class _Append:
             elif outcome is None or isinstance(outcome, asyncio.CancelledError):
                 answer.cancel()  # left out, or the queue stopped before sending it
             elif not answer.done():
-                answer.set_exception(runtime._refusal(outcome))
+                answer.set_exception(owner.refusal(outcome))
         finally:
-            runtime._release(len(self.group))
+            owner.release_room(len(self.group))
+
+
+class NotAppliedYet(Unavailable):
+    """Samples (seqs ``first_seq``..``last_seq``) or a metric replacement are in the log, but
+    the learner did not apply them within ``waited_s`` seconds: they will be, without a retry.
+
+    >>> NotAppliedYet(3, 5, 1.0).detail
+    'logged as seqs 3..5 (entry 5-1) but not applied within 1 s'
+    """
+
+    def __init__(self, first: int, last: int, waited_s: float) -> None:
+        super().__init__(
+            f"logged as seqs {first}..{last} (entry {sample_id(last)}) but not applied "
+            f"within {waited_s:g} s",
+            retry_after=2,
+            first_seq=first,
+            last_seq=last,
+        )
+        self.last_seq = last
 
 
 class NotServedHere(Unavailable):
@@ -266,7 +301,7 @@ class ModelRuntime:
                     writer.start()
                     gallery.start()
                     return
-                except RedisError as exc:
+                except Unavailable as exc:
                     telemetry.REDIS_ERROR["loader"].inc()
                     log.warning("%s: loading: Redis unavailable (%s); retrying", self.name, exc)
                     await asyncio.sleep(delay)
@@ -300,7 +335,7 @@ class ModelRuntime:
             await writer.stop(final_checkpoint=checkpoint, moved=not closing)
             if checkpoint:
                 await self.lease.release()
-        except RedisError as exc:
+        except Unavailable as exc:
             telemetry.REDIS_ERROR["writer"].inc()
             log.warning("%s: final checkpoint failed (%s); the log keeps it", self.name, exc)
         finally:
@@ -403,7 +438,7 @@ class ModelRuntime:
         suspending, if admission control has room for them now (the common case): their group
         is queued for the log before this returns, so calls are logged in call order. The
         future gives what was logged (:class:`Appended`), or raises NotFound, LimitExceeded,
-        Conflict or a RedisError; cancelling it before the group is sent leaves the samples
+        Conflict or Unavailable; cancelling it before the group is sent leaves the samples
         out of the log. None: no room now (:meth:`submit_when_room` waits for it)."""
         if not self.admission.try_room(len(keys)):
             return None
@@ -440,22 +475,22 @@ class ModelRuntime:
             group = Group(
                 x, keys, idempotency_field, fingerprint(x, keys, holdout), encode_flags(holdout)
             )
-            append = _Append(self, group, (X, keys, holdout))
+            append = PendingAppend(self, group, (X, keys, holdout))
         except BaseException:
-            self._release(len(keys))
+            self.release_room(len(keys))
             raise
         self.appender.submit(append)  # settles it, which frees the room
         return append.answer
 
-    def _logged_here(self, appended: Appended, group: Group, decoded: Decoded) -> None:
+    def logged_here(self, appended: Appended, group: Group, decoded: Decoded) -> None:
         """``group``, appended by this process, is in the log as ``appended``."""
         if self.writer is not None:  # it may apply them without reading them back
             self.writer.offer(appended, group, decoded)
         self._notify_logged(appended.last_seq)  # before the room is freed: no gap
 
-    def _refusal(self, exc: BaseException) -> BaseException:
+    def refusal(self, exc: BaseException) -> BaseException:
         """What a failed append raises to its caller: the store's refusals in the domain's
-        terms, anything else (a RedisError) as it is."""
+        terms, anything else (Unavailable: the store failed) as it is."""
         if isinstance(exc, NoSuchModel):
             return NotFound(f"model {self.name!r} does not exist")
         if isinstance(exc, TooManyClasses):
@@ -465,7 +500,7 @@ class ModelRuntime:
             )
         return exc
 
-    def _release(self, samples: int) -> None:
+    def release_room(self, samples: int) -> None:
         """Admitted samples are logged now, or will not be: free their room."""
         if self.admission.done(samples):  # a failed append frees room without progress
             self._wake_admission()
@@ -492,13 +527,7 @@ class ModelRuntime:
 
     async def _wait_applied(self, target: StreamId, first: int, last: int) -> None:
         if not await self._reached(target, self.settings.apply_wait_s):
-            raise Unavailable(
-                f"logged as seqs {first}..{last} (entry {sample_id(last)}) but not applied "
-                f"within {self.settings.apply_wait_s:g} s; query with min_version={last}",
-                retry_after=2,
-                first_seq=first,
-                last_seq=last,
-            )
+            raise NotAppliedYet(first, last, self.settings.apply_wait_s)
 
     async def put_metric(self, L: Array) -> None:
         """Log a metric replacement after every sample logged so far; wait until applied."""

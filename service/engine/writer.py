@@ -69,28 +69,26 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import math
 import time
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from redis.exceptions import RedisError
 
 from service import telemetry
 from service.config import Settings
 from service.core import Learner, LearnerConfig, StepResults
-from service.core._validation import Array
 from service.core.certificates import Certificate, Method
 from service.core.holdout import Flags, Holdout, SampleWindow
 from service.engine.admission import sample_work, samples_per_batch
 from service.engine.certify import certify
+from service.engine.checkpointing import CheckpointInfo, CheckpointSchedule, PendingCheckpoint
 from service.engine.lease import Lease
+from service.engine.offered import Decoded, Entries, OfferedEntries
 from service.engine.results import StepResultsKeeper
 from service.engine.snapshot import Snapshot, SnapshotBoard
 from service.engine.tasks import stop_task, wait_event
-from service.errors import NotCertifiable
+from service.errors import NotCertifiable, Unavailable
 from service.storage import checkpoint
 from service.storage.codec import (
     StreamId,
@@ -104,19 +102,10 @@ from service.storage.store import Appended, Fenced, Group, Store, Tail
 
 log = logging.getLogger("service.writer")
 
-#: A log entry as read: (id, fields); and a batch of them.
-Entry = tuple[StreamId, dict[bytes, bytes]]
-Entries = list[Entry]
-#: The samples of a sample entry, as decoding it gives them: rows, class keys, ``holdout``
-#: flags (None: none set).
-Decoded = tuple[Array, list[str], Flags | None]
-
 #: Longest wait, after a batch that reached the end of the log, before the read that publishes
 #: its applied seq (see the module docstring); the admission control of other processes polls
 #: that seq about as often (``service.engine.runtime.FOLLOWER_POLL_S``).
 PUBLISH_DELAY_S = 0.02
-#: Most appends kept for :meth:`Writer.offer` (beyond it they are read back from the log).
-MAX_OFFERED = 4096
 #: An offered entry is applied without a read only this soon after the latest read.
 SKIP_READ_S = PUBLISH_DELAY_S
 #: Offered appends are learned together once this many samples are offered (at most a batch)...
@@ -145,14 +134,6 @@ HOLD_RESOLUTION_S = 0.001
 INLINE_WORK = 1 << 20
 #: Latest applied samples kept per model for the console (``d`` floats each, in memory only).
 RECENT_SAMPLES = 512
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What the latest known checkpoint covers (``seq``) and when it was written."""
-
-    seq: int = 0
-    at: float | None = None
 
 
 class Writer:
@@ -191,14 +172,13 @@ class Writer:
         self._holding = False
         self._stopping = False
         self._task: asyncio.Task[None] | None = None
-        self._since_checkpoint = 0  # samples applied since the last checkpoint
-        self._dirty_since: float | None = None
+        #: Samples applied since the latest checkpoint, and since when.
+        self.unsaved = CheckpointSchedule(settings.checkpoint_every, settings.checkpoint_interval_s)
         self._saved: StreamId | None = None  # log position of our latest checkpoint
         self._per_entry = 1.0  # samples per log entry in the latest batch
         self._replaying = False  # applying the log tail found at start-up
-        #: Appends of this process as logged: first seq -> (puts before it, the entry, its
-        #: samples decoded, when it was offered).
-        self._offered: dict[int, tuple[int, Entry, Decoded | None, float]] = {}
+        #: Appends of this process as logged (:meth:`offer`).
+        self._offered = OfferedEntries()
         self._read_at: float | None = None  # monotonic time of the latest log read
         #: The one Redis job the writer runs beside its batches (:meth:`_start_chore`): the periodic
         #: one-entry read or a checkpoint write.
@@ -271,26 +251,7 @@ class Writer:
         """``group`` was logged by this process as one entry (``appended``): keep it, to be
         applied without a read when it is the log's next entry (see the module docstring).
         ``decoded``: the samples ``group`` was encoded from (what decoding it gives back)."""
-        if appended.puts < 0 or len(self._offered) >= MAX_OFFERED:
-            return
-        entry = ((appended.last_seq, 1), group.entry_fields())
-        self._offered[appended.first_seq] = (appended.puts, entry, decoded, time.monotonic())
-
-    def _next_offered(self, count: int) -> tuple[Entries, list[Decoded | None]]:
-        """The offered entries that certainly follow the applied state in the log (at most
-        ``count``), in order, taken; and their samples as offered."""
-        version = self.board.current.version
-        entries: Entries = []
-        decoded: list[Decoded | None] = []
-        while len(entries) < count and (offered := self._offered.get(version + 1)) is not None:
-            puts, entry, samples, _ = offered
-            if puts != self.metric_puts:  # a metric replacement comes first: read the log
-                break
-            del self._offered[version + 1]
-            entries.append(entry)
-            decoded.append(samples)
-            version = entry[0][0]
-        return entries, decoded
+        self._offered.add(appended, group, decoded, time.monotonic())
 
     def _coalesce(self) -> int:
         """How many offered samples make a batch that is not held back."""
@@ -302,16 +263,10 @@ class Writer:
         docstring)."""
         if self._stopping or self.board.waiting:
             return 0.0
-        version = self.board.current.version
-        first = self._offered[version + 1]
-        enough = self._coalesce()
-        while (offered := self._offered.get(version + 1)) is not None:
-            last = offered[1][0][0]
-            enough -= last - version
-            if enough <= 0:
-                return 0.0
-            version = last
-        left = first[3] + APPLY_DELAY_S - now
+        due = self._offered.held_until(self.board.current.version, self._coalesce(), APPLY_DELAY_S)
+        if due is None:
+            return 0.0
+        left = due - now
         return left if left >= HOLD_RESOLUTION_S else 0.0
 
     def _may_apply_offered(self) -> bool:
@@ -359,7 +314,7 @@ class Writer:
         async def chore() -> None:
             try:
                 await job
-            except RedisError as exc:
+            except Unavailable as exc:
                 telemetry.REDIS_ERROR["writer"].inc()
                 log.warning("%s: Redis error in the writer's %s (%s)", self.name, what, exc)
             except Exception:
@@ -380,9 +335,9 @@ class Writer:
                 self._start_chore(self._save_checkpoint(pending), "checkpoint")
         elif not self._read_recently(read_at) and self._may_apply_offered():
             current = self.board.current
-            offered = self._offered.get(current.version + 1)
+            offered = self._offered.next_of(current.version)
             if offered is not None:
-                self._start_chore(self._light_read(read_at, current, offered[1][0]), "read")
+                self._start_chore(self._light_read(read_at, current, offered.entry[0]), "read")
 
     def _overtaken(self, tail: Tail) -> bool:
         """Whether another process checkpointed past the applied state: then it owns the model
@@ -428,7 +383,7 @@ class Writer:
                 backoff = 0.1
                 if wait > 0:
                     await wait_event(self._kick, wait)
-            except RedisError as exc:
+            except Unavailable as exc:
                 telemetry.REDIS_ERROR["writer"].inc()
                 log.warning("%s: Redis error in the writer (%s); retrying", self.name, exc)
                 await asyncio.sleep(backoff)
@@ -457,7 +412,9 @@ class Writer:
                 self._holding = True
                 return hold
             self._chores(read_at)  # beside this batch: the read checks its first entry
-            offered, decoded = self._next_offered(count)
+            offered, decoded = self._offered.take(
+                self.board.current.version, count, self.metric_puts
+            )
         if offered:
             await self._apply(offered, decoded)
             self.offered_applied += len(offered)
@@ -506,10 +463,8 @@ class Writer:
                 if self._replaying:
                     self.metrics.replayed.inc(len(results))
                 self.results.record(seqs, results)
-            self._since_checkpoint += samples
+            self.unsaved.learned(samples, time.monotonic())
             self._per_entry = max(1.0, samples / len(entries))
-            if self._dirty_since is None:
-                self._dirty_since = time.monotonic()
             for rows, labels in self._fresh:
                 self.recent.extend(rows, labels)
             self._fresh.clear()
@@ -631,9 +586,7 @@ class Writer:
     def _publish(self, snapshot: Snapshot) -> None:
         self.logged_seq = max(self.logged_seq, snapshot.version)
         self.board.publish(snapshot)
-        if self._offered:  # those applied (read back from the log) are not needed any more
-            for first in [first for first in self._offered if first <= snapshot.version]:
-                del self._offered[first]
+        self._offered.drop_through(snapshot.version)  # applied (read back): not needed
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -642,17 +595,11 @@ class Writer:
         self.metric_puts = restored.metric_puts
         self.checkpoint = CheckpointInfo(restored.seq, restored.time)
         self._saved = restored.applied
-        self._since_checkpoint = 0
-        self._dirty_since = None
+        self.unsaved.reset()
         self._publish(Snapshot.of(self.learner, restored.applied, self.metric_puts))
 
     def _checkpoint_due(self) -> bool:
-        if self._since_checkpoint >= self.settings.checkpoint_every:
-            return True
-        return (
-            self._dirty_since is not None
-            and time.monotonic() - self._dirty_since >= self.settings.checkpoint_interval_s
-        )
+        return self.unsaved.due(time.monotonic())
 
     async def _write_checkpoint(self) -> None:
         """Checkpoint the learner as of the current snapshot and trim the log behind it (the
@@ -661,7 +608,7 @@ class Writer:
         if pending is not None:
             await self._save_checkpoint(pending)
 
-    def _encode_checkpoint(self) -> _Pending | None:
+    def _encode_checkpoint(self) -> PendingCheckpoint | None:
         """The checkpoint of the current snapshot, encoded (the learner does not change while
         it is written: it is counted as saved, and :meth:`_save_checkpoint` undoes that if
         the write fails). None without the lease."""
@@ -673,15 +620,13 @@ class Writer:
         ckpt, buffer = checkpoint.encode(
             self.learner, applied=current.applied, metric_puts=self.metric_puts, time=now
         )
-        pending = _Pending(
+        since, dirty_since = self.unsaved.take()
+        return PendingCheckpoint(
             ckpt, buffer, current.applied, current.version, now, token,
-            self._since_checkpoint, self._dirty_since, time.perf_counter(),
+            since, dirty_since, time.perf_counter(),
         )  # fmt: skip
-        self._since_checkpoint = 0
-        self._dirty_since = None
-        return pending
 
-    async def _save_checkpoint(self, pending: _Pending) -> None:
+    async def _save_checkpoint(self, pending: PendingCheckpoint) -> None:
         written = False
         try:
             written = await self.store.write_checkpoint(
@@ -698,30 +643,13 @@ class Writer:
             )
         finally:
             if not written:  # still unsaved: due again
-                self._since_checkpoint += pending.since
-                if pending.dirty_since is not None:
-                    self._dirty_since = min(pending.dirty_since, self._dirty_since or math.inf)
+                self.unsaved.put_back(pending.since, pending.dirty_since)
         if not written:
             return
         self._saved = pending.applied
         self.checkpoint = CheckpointInfo(pending.version, pending.time)
         self.metrics.checkpoint_duration.observe(time.perf_counter() - pending.started)
         log.debug("%s: checkpoint at %s", self.name, format_id(pending.applied))
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """A checkpoint encoded and not yet written, and what it counted as saved."""
-
-    checkpoint: dict[str, bytes]
-    buffer: dict[str, bytes]
-    applied: StreamId
-    version: int
-    time: float
-    token: int
-    since: int  # samples it covers that the previous checkpoint did not
-    dirty_since: float | None
-    started: float  # perf_counter when it was encoded
 
 
 def _entry_samples(entries: Entries) -> int:

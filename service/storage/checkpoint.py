@@ -2,7 +2,7 @@
 
 Pure functions (no Redis call): :func:`encode` turns a :class:`~service.core.Learner` and its log
 position into the fields of the model's ``ckpt`` hash and ``buffer`` hash; :func:`decode` turns
-the fields read back into a learner that resumes bit-identically. :mod:`service.storage.store`
+the fields read back into a learner that resumes bit-identically. :mod:`service.storage.logstore`
 writes and reads the fields atomically (one Lua script each way) and nothing else.
 
 ``ckpt`` hash fields:

@@ -40,7 +40,7 @@ class Append(Protocol):
 
     def settle(self, outcome: Appended | BaseException | None) -> None:
         """What became of the group: logged or replayed (:class:`Appended`), refused
-        (:class:`TooManyClasses`, ``NoSuchModel``, a ``RedisError`` of its call), left out
+        (:class:`TooManyClasses`, ``NoSuchModel``, ``Unavailable`` for its call), left out
         (None), or never sent because the queue stopped (``CancelledError``)."""
 
 

@@ -6,9 +6,9 @@ layers and its Python reply path, per call), as much as the rest of a one-sample
 on a connection of our own, packed by hiredis and read by a hiredis reader in the connection's
 protocol, it costs ~40 us (an ad hoc probe: EVALSHA calls one after another to a local
 redis-server over TCP, 103 against 42 us of process CPU per call; in the service, 590 -> 450 us
-per one-sample request). :class:`Lane` is that
-connection; the store (:meth:`~service.storage.store.Store._run_replicated`) sends the appends of
-samples and metrics through it when it can, everything else through redis-py.
+per one-sample request). :class:`Lane` is that connection; the store
+(:meth:`~service.storage.client.Connection.run_replicated`) sends the appends of samples and
+metrics through it when it can, everything else through redis-py.
 
 Semantics are redis-py's, as the store uses it:
 

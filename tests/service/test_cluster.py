@@ -24,6 +24,7 @@ from websockets.sync.client import connect
 
 from service.core import LearnerConfig
 from service.storage.codec import decode_entry, parse_id
+from service.storage.embedded import free_port
 from service.storage.keys import REGISTRY, ModelKeys
 from service.storage.store import Appended, Group, NotReplicated, Store, connect_cluster
 from tests.service.cluster import LocalCluster, wait_for
@@ -359,3 +360,143 @@ def test_start_up_repairs_the_registry(
     text = svc.log_path.read_text()
     assert "'orphan' was missing from the registry" in text
     assert "registry name 'ghost' has no model" in text
+
+
+def test_a_service_starts_while_one_seed_node_is_up(fresh: LocalCluster, tmp_path: Path) -> None:
+    """``OPML_REDIS_URL`` as several seed nodes: the first is down (nothing listens on it), the
+    service starts through the next one and serves (a model created, samples learned)."""
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    seeds = ",".join([dead, *(m.url for m in fresh.masters()[1:])])
+    svc = ServiceProcess(tmp_path, seeds, OPML_CHECKPOINT_EVERY="50").start()  # /readyz 200
+    try:
+        X, y = stream(60, 3, 3, seed=5)
+        with svc.client() as api:
+            make_model(api, "seeded", 3)
+            sent = api.post(
+                "/v1/models/seeded/samples",
+                json={"samples": [{"x": x.tolist(), "y": c} for x, c in zip(X, y, strict=True)]},
+            )
+            assert sent.status_code == 202, sent.text
+            got = api.get("/v1/models/seeded/metric", params={"min_version": 60})
+            assert got.status_code == 200 and got.json()["version"] == 60
+    finally:
+        svc.stop()
+
+
+def test_killing_the_models_master_never_answers_500(
+    fresh: LocalCluster, rc: SyncCluster, tmp_path: Path
+) -> None:
+    """Two service processes (so requests go through the model's owner and through a process
+    that forwards them), REST ingestion through both and queries through both, while the master
+    of the model's slot is killed (-9) and its replica takes over: no answer is a 500 (a 503 with
+    Retry-After is fine), ingestion and queries recover by themselves, and every acknowledged
+    sample is in the log exactly once."""
+    registry_master = fresh.master_of(REGISTRY)
+    url_node = next(m for m in fresh.masters() if m.name != registry_master.name)
+    name = name_on(fresh, {registry_master.name, url_node.name}, "k")
+    master = fresh.master_of(ModelKeys(name).meta)
+    replica = fresh.replica_of(master)
+    X, y = stream(8000, 3, 3, seed=23)
+    env = {
+        "OPML_REDIS_WAIT_REPLICAS": "1",
+        "OPML_CHECKPOINT_EVERY": "1000000",  # keep the whole log to compare with
+        "OPML_CHECKPOINT_INTERVAL_S": "3600",
+        "OPML_LEASE_TTL_S": "3",
+    }
+    services = [
+        ServiceProcess(tmp_path / "a", url_node.url, **env).start(),
+        ServiceProcess(tmp_path / "b", registry_master.url, **env).start(),
+    ]
+    answers: list[httpx.Response] = []
+    acked: dict[int, int] = {}  # sample index -> its seq
+    stop = threading.Event()
+    lock = threading.Lock()
+
+    def note(response: httpx.Response) -> None:
+        with lock:
+            answers.append(response)
+
+    def ingest(svc: ServiceProcess, indices: range) -> None:
+        with svc.client(timeout=60) as api:
+            for i in indices:
+                while not stop.is_set():
+                    sent = api.post(
+                        f"/v1/models/{name}/samples",
+                        json={"x": X[i].tolist(), "y": y[i]},
+                        headers={"Idempotency-Key": f"s{i}"},
+                    )
+                    note(sent)
+                    if sent.status_code == 202:
+                        with lock:
+                            acked[i] = sent.json()["first_seq"]
+                        break
+                    stop.wait(0.05)
+                if stop.is_set():
+                    return
+
+    def query(svc: ServiceProcess) -> None:
+        with svc.client(timeout=60) as api:
+            while not stop.is_set():
+                note(api.get(f"/v1/models/{name}/metric"))
+                note(api.post(
+                    f"/v1/models/{name}/distance", json={"a": [0.0, 1.0, 2.0], "b": [1.0, 0, 0]}
+                ))  # fmt: skip
+                note(api.get(f"/v1/models/{name}"))
+                stop.wait(0.02)
+
+    half = len(y) // 2
+    threads = [
+        threading.Thread(target=ingest, args=(services[0], range(half)), daemon=True),
+        threading.Thread(target=ingest, args=(services[1], range(half, len(y))), daemon=True),
+        threading.Thread(target=query, args=(services[0],), daemon=True),
+        threading.Thread(target=query, args=(services[1],), daemon=True),
+    ]
+    try:
+        with services[0].client() as api:
+            make_model(api, name, 3, gamma=0.05)
+        for thread in threads:
+            thread.start()
+        wait_for("80 acknowledged samples", lambda: len(acked) >= 80)
+        master.kill()
+        wait_for("503s while the master is down", lambda: any(
+            a.status_code == 503 for a in list(answers)
+        ))  # fmt: skip
+        fresh.failover(replica)
+        fresh.restart(master)  # comes back as the new master's replica
+        fresh.wait_healthy()
+        recovered = len(acked)
+        wait_for("ingestion to resume by itself", lambda: len(acked) >= recovered + 80, 120)
+        seen = len(answers)
+        wait_for("queries to answer 200 again", lambda: any(
+            a.status_code == 200 and a.request.method == "GET" for a in list(answers)[seen:]
+        ))  # fmt: skip
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(90)
+    try:
+        statuses = sorted({a.status_code for a in answers})
+        assert 500 not in statuses, [a.text for a in answers if a.status_code == 500][:3]
+        assert 503 in statuses and 200 in statuses and 202 in statuses
+        for answer in answers:
+            if answer.status_code == 503:
+                assert_problem(answer, 503)
+                assert int(answer.headers["Retry-After"]) >= 1
+            else:
+                assert answer.status_code in (200, 202), answer.text
+        log: list[tuple[bytes, dict[bytes, bytes]]] = rc.xrange(ModelKeys(name).log)  # type: ignore[assignment]
+        rows: list[np.ndarray] = []
+        labels: list[str] = []
+        for _, fields in log:
+            block, keys = decode_entry(fields, 3)
+            rows.extend(block)
+            labels.extend(keys)
+        for i, seq in acked.items():  # every acknowledged sample, at its seq
+            np.testing.assert_array_equal(rows[seq - 1], X[i])
+            assert labels[seq - 1] == y[i]
+        index = {X[i].tobytes(): i for i in range(len(y))}
+        logged = [index[row.tobytes()] for row in rows]
+        assert len(set(logged)) == len(logged)  # none twice
+    finally:
+        for svc in services:
+            svc.stop()

@@ -146,8 +146,8 @@ def test_it_connects_with_the_password_database_and_name_of_the_url(tmp_path: Pa
 def test_the_store_appends_through_a_lane_only_where_it_can(own_redis: RedisServer) -> None:
     """A single server: the appends go through the lane. With replicas awaited the WAIT must
     follow the write on its own connection: through redis-py. TLS: through redis-py."""
-    assert Store.connect(own_redis.url, 1.0)._lane is not None
-    assert Store.connect(own_redis.url, 1.0, wait_replicas=1)._lane is None
+    assert Store.connect(own_redis.url, 1.0).conn._lane is not None
+    assert Store.connect(own_redis.url, 1.0, wait_replicas=1).conn._lane is None
     assert Lane.of(connect("rediss://127.0.0.1:1/0", 1.0)) is None
     unix = Lane.of(connect("unix:///tmp/opml.sock?db=2", 1.0))
     assert unix is not None and (unix.endpoint.path, unix.endpoint.db) == ("/tmp/opml.sock", 2)

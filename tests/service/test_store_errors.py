@@ -1,5 +1,6 @@
-"""The store's Redis client: failures that are not RedisErrors in redis-py become RedisErrors
-(503 + Retry-After), and a burst of calls waits for connections: a write on a connection the
+"""The store's Redis client: failures that are not RedisErrors in redis-py become RedisErrors,
+and every failure of the client leaves the store as the domain's StorageUnavailable (503 +
+Retry-After); a burst of calls waits for connections: a write on a connection the
 event loop already closed (a cluster node killed during a failover), a pool smaller than the
 burst. Its commands are packed in C, to the same bytes as redis-py's own packer."""
 
@@ -9,9 +10,19 @@ import asyncio
 
 import pytest
 from redis.asyncio.connection import Connection, SSLConnection, UnixDomainSocketConnection
-from redis.exceptions import DataError, RedisError
+from redis.crc import key_slot
+from redis.exceptions import ClusterDownError, DataError, RedisClusterException, RedisError
 
-from service.storage.store import MAX_CONNECTIONS, _c_packing, _closed_transport, connect
+from service.errors import StorageUnavailable
+from service.storage.client import (
+    MAX_CONNECTIONS,
+    _c_packing,
+    _closed_transport,
+    connect,
+    connect_cluster,
+)
+from service.storage.errors import NotReplicated, is_client_failure, mapped
+from service.storage.store import Store
 from tests.service.support import RedisServer
 
 
@@ -120,3 +131,44 @@ def test_every_kind_of_connection_of_the_pool_packs_in_c(own_redis: RedisServer)
 
     cls, same, length = asyncio.run(round_trip())
     assert cls is _c_packing(Connection) and same and length == 25600
+
+
+def test_the_store_turns_a_failure_of_redis_into_unavailable() -> None:
+    """Nothing listens at the URL: every store call raises the domain's StorageUnavailable (a
+    503 with Retry-After), whatever the client raised, on a single server and a cluster."""
+
+    async def scenario() -> None:
+        for store in (
+            Store(connect("redis://127.0.0.1:1/0", 0.5)),
+            Store(connect_cluster("redis://127.0.0.1:1/0", 0.5)),
+        ):
+            with pytest.raises(StorageUnavailable, match="Redis is unavailable") as caught:
+                await store.model_exists("m")
+            assert caught.value.retry_after >= 1
+            with pytest.raises(StorageUnavailable):
+                await store.ping()
+            await store.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_an_exception_escaping_redis_py_is_unavailable_and_a_bug_of_ours_is_not() -> None:
+    """An exception that is no RedisError but comes out of redis-py's own code (as the
+    AttributeError of a connection torn down while it connects) is a failure of the client;
+    the same exception raised by code of ours is a bug and stays what it is."""
+
+    @mapped
+    async def inside_redis() -> None:
+        key_slot(None)  # type: ignore[arg-type]  # AttributeError within redis/crc.py
+
+    @mapped
+    async def ours() -> None:
+        raise AttributeError("a bug")
+
+    with pytest.raises(StorageUnavailable, match="AttributeError"):
+        asyncio.run(inside_redis())
+    with pytest.raises(AttributeError, match="a bug"):
+        asyncio.run(ours())
+    for exc in (ClusterDownError("CLUSTERDOWN"), RedisClusterException("no node"), OSError()):
+        assert is_client_failure(exc)
+    assert not is_client_failure(NotReplicated("1 of 2"))

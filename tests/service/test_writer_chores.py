@@ -137,14 +137,14 @@ def test_a_checkpoint_write_that_fails_falls_due_again(
         assert writer is not None
         await runtime.ingest(X[:3], y[:3], wait=True)  # due (3 >= 3): the write fails
         await until(lambda: len(attempts) == 1 and writer._chore_free())
-        assert writer.checkpoint.seq == 0 and writer._since_checkpoint == 3
+        assert writer.checkpoint.seq == 0 and writer.unsaved.since == 3
         await runtime.ingest(X[3:4], y[3:4], wait=True)  # still due: written at this wake
         await until(lambda: writer.checkpoint.seq >= 3 and writer._chore_free())
         fields = await runtime.store.read_checkpoint(runtime.name)
         assert fields is not None
         restored = checkpoint.decode(*fields, dim=3)
         assert restored.learner.version == writer.checkpoint.seq
-        assert writer._since_checkpoint == 4 - writer.checkpoint.seq
+        assert writer.unsaved.since == 4 - writer.checkpoint.seq
         return len(attempts)
 
     assert run_with_runtime(redis_url, body, Settings(checkpoint_every=3)) == 2

@@ -5,11 +5,10 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 from fastapi import APIRouter, Request, Response
-from redis.exceptions import RedisError
 
 from service import telemetry
 from service.api.deps import ModelsDep
-from service.errors import Unavailable
+from service.errors import StorageUnavailable, Unavailable
 
 router = APIRouter(tags=["operations"])
 
@@ -36,9 +35,9 @@ async def readyz(request: Request, models: ModelsDep) -> dict[str, object]:
     + log tail applied)."""
     try:
         await models.store.ping()
-    except RedisError as exc:
+    except StorageUnavailable as exc:
         telemetry.REDIS_ERROR["readyz"].inc()
-        raise Unavailable(f"Redis is unreachable ({type(exc).__name__})") from None
+        raise Unavailable(f"Redis is unreachable ({type(exc.__cause__ or exc).__name__})") from None
     kernels: Future[None] = request.app.state.kernels
     if not kernels.done():
         raise Unavailable(COMPILING, retry_after=5)

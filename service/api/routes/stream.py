@@ -28,7 +28,6 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
-from redis.exceptions import RedisError
 
 from service import telemetry
 from service.api.auth import accept_subprotocol
@@ -36,14 +35,12 @@ from service.api.deps import WsModelsDep
 from service.api.ingestion import Items, count_accepted, count_refused, validate
 from service.api.parsing import Block, error_items, invalid, invalid_request
 from service.api.presenters import event_frame
-from service.api.problems import from_redis, problem, status_of
+from service.api.problems import count, problem, status_of
 from service.api.schemas import NAME_PATTERN, BinaryHeader, StreamFrame
 from service.engine.registry import Registry
-from service.engine.runtime import ModelRuntime, NotServedHere
+from service.engine.runtime import Appended, ModelRuntime, NotServedHere
 from service.engine.snapshot import ModelClosed
 from service.errors import InvalidInput, NotFound, ServiceError
-from service.storage.codec import DTYPE
-from service.storage.store import Appended
 
 router = APIRouter(prefix="/v1/models/{name}", tags=["websocket"])
 
@@ -58,7 +55,10 @@ CLOSE_TRY_AGAIN = 1013
 FRAMES_HEADER = "x-opml-frames"
 FRAMES_SUPPORTED = "json, binary"
 
+#: The binary frame's layout (public): a uint32 LE header length, then the block's values as
+#: little-endian IEEE 754 float64, row-major (:func:`parse_binary`).
 _HEADER_LEN = struct.Struct("<I")
+BLOCK_DTYPE = np.dtype("<f8")
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ async def stream_samples(websocket: WebSocket, name: str, models: WsModelsDep) -
 
 
 #: The append of a frame (ModelRuntime.submit), or what refused the frame.
-_Started = asyncio.Future[Appended] | ServiceError | RedisError
+_Started = asyncio.Future[Appended] | ServiceError
 #: A frame in flight: receipt time, id (as sent; as JSON), samples, and its append or refusal.
 _InFlight = tuple[float, Any, str, int, _Started]
 
@@ -169,7 +169,7 @@ async def _read_frames(
                 if logged is None:  # no room now: wait for it before reading on
                     logged = await runtime.submit_when_room(X, keys, holdout, field)
                 started = logged
-            except (ServiceError, RedisError) as exc:
+            except ServiceError as exc:
                 started = exc
         try:
             await window.put((received, frame_id, id_json, samples, started))
@@ -197,12 +197,10 @@ async def _send_acks(
             if not isinstance(started, asyncio.Future):
                 raise started
             appended = await started
-        except (ServiceError, RedisError) as exc:
+        except ServiceError as exc:
             if samples:  # a frame that did not parse is not counted
                 count_refused(runtime, "ws", samples, exc)
-            if isinstance(exc, RedisError):
-                telemetry.REDIS_ERROR["ws"].inc()
-                exc = from_redis(exc)
+            count(exc, "ws")
             await websocket.send_json({"error": problem(exc), "id": frame_id})
             outcome = "error"
         else:
@@ -264,13 +262,13 @@ def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError
         return _frame_id(raw), _invalid_frame(exc)
     n = len(head.y)
     raw_block = memoryview(data)[end:]
-    if len(raw_block) != n * dim * DTYPE.itemsize:
+    if len(raw_block) != n * dim * BLOCK_DTYPE.itemsize:
         return head.id, InvalidInput(
-            f"block: expected {n} x {dim} float64 values ({n * dim * DTYPE.itemsize} bytes) "
+            f"block: expected {n} x {dim} float64 values ({n * dim * BLOCK_DTYPE.itemsize} bytes) "
             f"for {n} labels, got {len(raw_block)} bytes",
             [{"loc": ["block"], "msg": "wrong length", "type": "value_error"}],
         )
-    X = np.frombuffer(raw_block, dtype=DTYPE).astype(np.float64).reshape(n, dim)
+    X = np.frombuffer(raw_block, dtype=BLOCK_DTYPE).astype(np.float64).reshape(n, dim)
     return head.id, BinaryFrame(head.id, Block(X, list(head.y), head.holdout))
 
 

@@ -1,0 +1,3 @@
+-- KEYS: lease; ARGV: "<token> <owner id>" -> 1 released | 0 not ours
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
