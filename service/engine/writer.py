@@ -78,8 +78,9 @@ import numpy as np
 from service import telemetry
 from service.config import Settings
 from service.core import Learner, LearnerConfig, StepResults
+from service.core._validation import Array
 from service.core.certificates import Certificate, Method
-from service.core.holdout import Flags, Holdout, SampleWindow
+from service.core.holdout import Holdout, SampleWindow
 from service.engine.admission import sample_work, samples_per_batch
 from service.engine.certify import certify
 from service.engine.checkpointing import CheckpointInfo, CheckpointSchedule, PendingCheckpoint
