@@ -18,9 +18,10 @@ The service address comes from ``--url`` or ``$OPML_URL`` (default http://127.0.
 an API key from ``$OPML_API_KEY`` (no option: a command line ends up in shell history and in
 process lists). Output is for people; ``--json`` prints JSON instead (one object per line for
 ``events``). Every figure is labelled: ``distance`` prints the distance and the squared
-distance; a threshold (``verify``, ``identify``, ``certificate``) is a squared distance. A vector is ``1,2,3`` or ``[1,2,3]``; write ``--a=-1,2`` when it starts with a
-minus sign. A refused connection fails at once (nothing listens at the address); 503 answers
-and dropped connections are retried ``--retries`` times.
+distance; a threshold (``verify``, ``identify``, ``certificate``) is a squared distance. A
+vector is ``1,2,3`` or ``[1,2,3]``; write ``--a=-1,2`` when it starts with a minus sign. A
+refused connection fails at once (nothing listens at the address); 503 answers and dropped
+connections are retried ``--retries`` times.
 
 ``opml serve`` runs the service in this process with the service's own command line
 (``python -m service``): every setting is an option, ``opml serve --help`` lists them.
