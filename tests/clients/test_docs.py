@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.clients.conftest import OPML, served
+from tests.clients.support import OPML, served
 from tests.service.support import ROOT, free_port
 
 
