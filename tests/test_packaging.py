@@ -42,9 +42,9 @@ def installed(bin_dir: Path, cwd: Path) -> set[str]:
 
 
 def test_the_sdk_installs_alone(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "clients", tmp_path / "clients", ignore=IGNORE)
+    shutil.copytree(ROOT / "clients", tmp_path / "src" / "clients", ignore=IGNORE)
     bin_dir = fresh_venv(tmp_path / "venv")
-    sh(bin_dir / "python", "-m", "pip", "install", "--quiet", "./clients", cwd=tmp_path)
+    sh(bin_dir / "python", "-m", "pip", "install", "--quiet", "./src/clients", cwd=tmp_path)
 
     probe = "import clients, json; from clients import OPMLClient; print(clients.__file__)"
     where = sh(bin_dir / "python", "-c", probe, cwd=tmp_path).stdout.strip()
