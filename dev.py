@@ -1,22 +1,41 @@
 #!/usr/bin/env python3
 """Bootstrap and run opml-service with nothing but Python 3.11+.
 
-    python3 dev.py serve [options]   # create .venv if needed, install, run the service
-    python3 dev.py test [pytest args]  # same venv plus test extras; ruff, mypy, then pytest
-    python3 dev.py bench [NAME [--quick]]  # benchmark extras; run one (--list names them)
-    python3 dev.py docs [--serve]    # build the docs site into site/ (mkdocs --strict), or serve it
+    python3 dev.py serve [options]      # create .venv if needed, install, run the service
+    python3 dev.py test [pytest args]   # ruff, mypy, then the whole suite (its 15 slowest named)
+    python3 dev.py test --quick [args]  # ruff, mypy, then the quick tier (well under 2 minutes)
+    python3 dev.py bench [NAME [--quick]]  # run a benchmark (``bench --list`` names them)
+    python3 dev.py docs [--serve]       # build the docs site into site/ (mkdocs --strict), or serve it
+    python3 dev.py lock [pip-compile args]  # refresh requirements/dev.lock (e.g. --upgrade)
 
-The virtual environment lives in ``.venv``. Each extra (the base install, ``test``, ``bench``)
-is installed once per content of ``pyproject.toml``: ``.venv/.opml-stamp`` records, for each
-one installed, the hash of the ``pyproject.toml`` it was installed from, so switching between
-the commands installs nothing once every extra they need is there (an edit of
-``pyproject.toml`` installs again, once). Arguments after the command are passed on: to the
-service (``python3 dev.py serve --help`` lists its options) or to pytest.
+The virtual environment lives in ``.venv``, installed from the lock file
+``requirements/dev.lock``: every package of the development environment (the server's and the
+SDK's dependencies and every extra of ``pyproject.toml``: test, bench, ...) pinned with its
+hashes (``pip install --require-hashes``), then the two distributions of this repository, the
+SDK (``clients/``, opml-client) and the server (``.``, opml-service), editable and without
+dependencies. One environment serves every command, and CI tests exactly what the lock says.
+``.venv/.opml-stamp`` records the hash of the lock and of both ``pyproject.toml`` files, so
+nothing is installed again until one of them changes.
+
+The lock is pip-tools' (``pip-compile --generate-hashes --all-extras``) rather than uv's: it is
+a plain requirements file that pip itself installs, so the bootstrap needs nothing but Python
+(only ``lock`` installs pip-tools). It records a digest of the dependency tables it was compiled
+from; after an edit of those tables (a new dependency or extra) every command stops and asks for
+``python3 dev.py lock``, which puts the change in the lock (keeping every other pin unless
+``--upgrade`` is passed on).
+
+The quick tier is the tests marked ``quick`` (``pytest -m quick``): the algorithm core's tests
+(``tests/core``), the in-process contract tests (``tests/contract``: the app called through
+httpx's ASGI transport on a real redis-server, parsing included) and the SDK's doctests; the
+marker is given by directory in ``tests/conftest.py``. Arguments after the command are passed
+on: to the service (``python3 dev.py serve --help`` lists its options), to pytest, or to
+pip-compile.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -29,54 +48,124 @@ VENV = ROOT / ".venv"
 BIN = VENV / ("Scripts" if os.name == "nt" else "bin")
 PY = BIN / "python"
 STAMP = VENV / ".opml-stamp"
-#: The extras each command needs ("base": the project itself).
-EXTRAS = {
-    "serve": ("base",),
-    "test": ("base", "test"),
-    "bench": ("base", "test", "bench"),
-    "docs": ("base", "docs"),
-}
+LOCK = ROOT / "requirements" / "dev.lock"
+#: The distributions of this repository, as pip installs them (the SDK first: the server's
+#: tests import it).
+PROJECTS = (ROOT / "clients", ROOT)
+COMMANDS = ("serve", "test", "bench", "docs", "lock")
+#: The line of the lock that records what it was compiled from.
+INPUTS = "# inputs-sha256: "
 
 
 def say(message: str) -> None:
     print(f"dev.py: {message}", file=sys.stderr, flush=True)
 
 
-def installed(stamp: str, digest: str) -> set[str]:
-    """The extras a stamp records as installed from the ``pyproject.toml`` hashed ``digest``.
+def dependency_tables(pyproject: str) -> dict[str, object]:
+    """What a lock depends on in a ``pyproject.toml``: its name, Python and dependency tables.
 
-    >>> sorted(installed("base abc\\ntest abc\\nbench old\\n", "abc"))
-    ['base', 'test']
+    >>> dependency_tables('[project]\\nname = "x"\\ndependencies = ["a>=1"]\\n')["dependencies"]
+    ['a>=1']
     """
-    done = dict(line.split(" ", 1) for line in stamp.splitlines() if " " in line)
-    return {extra for extra, recorded in done.items() if recorded == digest}
+    import tomllib  # 3.11+: imported after the version check
+
+    project = tomllib.loads(pyproject).get("project", {})
+    keys = ("name", "requires-python", "dependencies", "optional-dependencies")
+    return {key: project.get(key) for key in keys}
 
 
-def ensure_venv(wanted: tuple[str, ...]) -> None:
-    """Install the project with the ``wanted`` extras unless the stamp says they are there."""
+def inputs_digest() -> str:
+    """The digest of the dependency tables of every ``pyproject.toml`` the lock covers."""
+    tables = [dependency_tables((p / "pyproject.toml").read_text()) for p in PROJECTS]
+    return hashlib.sha256(json.dumps(tables, sort_keys=True).encode()).hexdigest()
+
+
+def locked_digest(lock: str) -> str | None:
+    """The inputs digest a lock file records (None: none).
+
+    >>> locked_digest("# header\\n# inputs-sha256: abc\\nx==1\\n")
+    'abc'
+    """
+    for line in lock.splitlines():
+        if line.startswith(INPUTS):
+            return line[len(INPUTS) :].strip()
+    return None
+
+
+def environment_digest() -> str:
+    """What the installed environment was made from: the lock and both ``pyproject.toml``."""
+    h = hashlib.sha256(LOCK.read_bytes())
+    for project in PROJECTS:
+        h.update((project / "pyproject.toml").read_bytes())
+    return h.hexdigest()
+
+
+def create_venv() -> None:
     if sys.version_info < (3, 11):  # noqa: UP036 -- this script may run on an older python3
         sys.exit("opml-service needs Python 3.11 or newer")
-    digest = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    stamp = STAMP.read_text() if STAMP.exists() else ""
-    have = installed(stamp, digest) if PY.exists() else set()
-    if set(wanted) <= have:
-        return
-    started = time.monotonic()
     if not PY.exists():
         say(f"creating the virtual environment {VENV}")
         venv.EnvBuilder(with_pip=True).create(VENV)
-    extras = ",".join(e for e in wanted if e != "base")
-    target = f"{ROOT}[{extras}]" if extras else str(ROOT)
+
+
+def ensure_venv() -> None:
+    """Install the locked environment and this repository's two distributions, unless the
+    stamp says that exactly this lock and these ``pyproject.toml`` files are installed."""
+    create_venv()
+    if not LOCK.exists():
+        sys.exit(f"dev.py: {LOCK.relative_to(ROOT)} is missing: run python3 dev.py lock")
+    if locked_digest(LOCK.read_text()) != inputs_digest():
+        sys.exit(
+            f"dev.py: {LOCK.relative_to(ROOT)} was compiled from other dependencies than the "
+            "pyproject.toml files declare now: run python3 dev.py lock"
+        )
+    digest = environment_digest()
+    if STAMP.exists() and STAMP.read_text().strip() == digest:
+        return
+    started = time.monotonic()
     say(
-        f"installing opml-service{f' [{extras}]' if extras else ''} and its dependencies into "
-        ".venv (a minute or two the first time; once per change of pyproject.toml) ..."
+        f"installing the locked environment ({LOCK.relative_to(ROOT)}) and opml-service into "
+        ".venv (a minute or two the first time; once per change of the lock) ..."
     )
     pip = [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, "-e", target], check=True)
-    records = dict(line.split(" ", 1) for line in stamp.splitlines() if " " in line)
-    records.update({extra: digest for extra in wanted})
-    STAMP.write_text("".join(f"{e} {d}\n" for e, d in sorted(records.items())))
+    subprocess.run([*pip, "--require-hashes", "-r", str(LOCK)], check=True)
+    editable = [arg for project in PROJECTS for arg in ("-e", str(project))]
+    subprocess.run([*pip, "--no-deps", *editable], check=True)
+    STAMP.write_text(digest + "\n")
     say(f"installed in {time.monotonic() - started:.0f} s")
+
+
+def lock(args: list[str]) -> int:
+    """Compile ``requirements/dev.lock`` with pip-tools (installed into .venv if missing)."""
+    create_venv()
+    if not (BIN / "pip-compile").exists():
+        say("installing pip-tools into .venv (for the lock only)")
+        subprocess.run(
+            [str(PY), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "pip-tools>=7.4"],
+            check=True,
+        )  # fmt: skip
+    LOCK.parent.mkdir(exist_ok=True)
+    cmd = [
+        str(BIN / "pip-compile"), "--quiet", "--generate-hashes", "--all-extras",
+        "--strip-extras", "--allow-unsafe", "--no-emit-index-url", "--no-emit-find-links",
+        "--newline", "LF",
+        "--output-file", str(LOCK.relative_to(ROOT)),
+        *args,
+        *(str((p / "pyproject.toml").relative_to(ROOT)) for p in PROJECTS),
+    ]  # fmt: skip
+    print("+", " ".join(cmd), flush=True)
+    env = {**os.environ, "CUSTOM_COMPILE_COMMAND": "python3 dev.py lock"}  # the lock's header
+    code = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+    if code != 0:
+        return code
+    text = LOCK.read_text()
+    lines = [line for line in text.splitlines() if not line.startswith(INPUTS)]
+    end = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    lines.insert(end, f"{INPUTS}{inputs_digest()}")
+    LOCK.write_text("\n".join(lines) + "\n")
+    say(f"wrote {LOCK.relative_to(ROOT)}")
+    return 0
 
 
 def run(cmd: list[str]) -> int:
@@ -84,12 +173,30 @@ def run(cmd: list[str]) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
+def pytest_args(rest: list[str]) -> list[str]:
+    """pytest's arguments for ``test [args]``: ``--quick`` selects the quick tier; the whole
+    suite names its 15 slowest tests.
+
+    >>> pytest_args(["--quick", "-x"]), pytest_args(["tests/core"])
+    (['-m', 'quick', '-x'], ['--durations=15', 'tests/core'])
+    """
+    if "--quick" in rest:
+        return ["-m", "quick", *(arg for arg in rest if arg != "--quick")]
+    return ["--durations=15", *rest]
+
+
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in EXTRAS:
+    if not argv or argv[0] in ("-h", "--help", "help"):
         print(__doc__)
-        return 2
+        return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    ensure_venv(EXTRAS[command])
+    if command not in COMMANDS:
+        say(f"unknown command {command!r}; the commands are {', '.join(COMMANDS)}")
+        print(__doc__, file=sys.stderr)
+        return 2
+    if command == "lock":
+        return lock(rest)
+    ensure_venv()
     if command == "serve":
         os.execv(str(PY), [str(PY), "-m", "service", *rest])
     if command == "bench":  # benchmarks/__main__.py: the runner and its --list
@@ -109,7 +216,7 @@ def main(argv: list[str]) -> int:
     for check in (
         [str(BIN / "ruff"), "check", "."],
         [str(BIN / "mypy")],
-        [str(PY), "-m", "pytest", *rest],
+        [str(PY), "-m", "pytest", *pytest_args(rest)],
     ):
         code = run(check)
         if code != 0:

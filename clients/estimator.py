@@ -32,7 +32,13 @@ def estimator_for(model: Model, L: Array) -> Estimator:
     """
     # The core (numba, scipy: ~1 s to import) and scikit-learn load only when asked for, so
     # `import clients` and the `opml` command stay quick.
-    from service.core import BRM, COPML, OPML, SGD, SGDPSD, Learner, LearnerConfig
+    try:
+        from service.core import BRM, COPML, OPML, SGD, SGDPSD, Learner, LearnerConfig
+    except ModuleNotFoundError as exc:  # the SDK installs alone; the core comes with the server
+        raise ModuleNotFoundError(
+            f"to_sklearn needs the algorithm core, which comes with opml-service ({exc}); "
+            "install the server's distribution next to the client"
+        ) from exc
 
     classes = {"opml": OPML, "copml": COPML, "sgd": SGD, "sgd_psd": SGDPSD, "brm": BRM}
     if model.algorithm not in classes:

@@ -18,6 +18,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 Array = NDArray[np.float64]
+#: A class label as the contract knows it: an int, or a string of 1-128 characters.
+Label = int | str
+#: A gallery item's id: an int, or a string of 1-256 characters.
+ItemId = int | str
 
 
 def _opt_float(value: Any) -> float | None:
@@ -414,3 +418,80 @@ class Progress:
         """Acknowledged samples per second since the stream opened."""
         elapsed = self.elapsed_s
         return self.acked_samples / elapsed if elapsed > 0 else 0.0
+
+
+# -- gallery and identification ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Match:
+    """One gallery item of an identify answer (``y`` None: the item has no label)."""
+
+    id: ItemId
+    y: Label | None
+    squared_distance: float
+    same: bool
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Match:
+        return cls(doc["id"], doc.get("y"), float(doc["squared_distance"]), bool(doc["same"]))
+
+
+@dataclass(frozen=True)
+class Identified:
+    """``identify`` of one vector: matches in ascending distance (ties by id), the ``version``
+    of ``L`` they are exact for, and the threshold ``same`` was decided with."""
+
+    matches: list[Match]
+    version: int
+    threshold: float
+    threshold_source: str
+    calibrated: bool
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Identified:
+        return cls([Match.from_json(m) for m in doc["matches"]], *_decided(doc), doc)
+
+
+@dataclass(frozen=True)
+class IdentifiedMany:
+    """``identify`` of several vectors: one list of matches per vector, in order. From the
+    binary answer the ids and labels are their string forms (``.npz`` holds no mixed types)."""
+
+    results: list[list[Match]]
+    version: int
+    threshold: float
+    threshold_source: str
+    calibrated: bool
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> IdentifiedMany:
+        results = [[Match.from_json(m) for m in r["matches"]] for r in doc["results"]]
+        return cls(results, *_decided(doc), doc)
+
+
+def _decided(doc: dict[str, Any]) -> tuple[int, float, str, bool]:
+    source = str(doc["threshold_source"])
+    return int(doc["version"]), float(doc["threshold"]), source, bool(doc["calibrated"])
+
+
+@dataclass(frozen=True)
+class Enrolled:
+    """An enrol's answer: items sent, how many replaced an enrolled id, the gallery's size."""
+
+    enrolled: int
+    replaced: int
+    size: int
+    replayed: bool = False
+
+
+@dataclass(frozen=True)
+class GalleryPage:
+    """One page of a gallery's ids (in the order of their string form) and its item count;
+    ``next_cursor`` (None after the last page) fetches the next."""
+
+    count: int
+    ids: list[ItemId]
+    next_cursor: str | None

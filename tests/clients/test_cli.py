@@ -21,7 +21,7 @@ import redis
 
 from clients import OPMLClient
 from clients.cli import build_parser
-from tests.clients.conftest import OPML, opml, served
+from tests.clients.support import OPML, opml, served
 from tests.service.support import ServiceProcess, core_learner, free_port, stream
 
 
@@ -153,10 +153,11 @@ def test_queries_export_and_events(
     v = ok_json(service, "verify", name, f"--a={a}", f"--b={b}", "--threshold", "0")
     assert (v["same"], v["threshold"], v["version"]) == (False, 0.0, 80)
     said = opml(service, "verify", name, f"--a={a}", f"--b={b}", "--threshold", "0.5").stdout
-    assert said.endswith("vs threshold 0.5 (caller, version 80)\n"), said
+    assert said.endswith("threshold from caller, version 80)\n"), said
     own = ok_json(service, "verify", name, f"--a={a}", f"--b={b}")  # the model's threshold
     said = opml(service, "verify", name, f"--a={a}", f"--b={b}").stdout
-    assert f"({own['threshold_source']}, version 80)" in said and "caller" not in said
+    assert f"threshold from {own['threshold_source']}, version 80)" in said
+    assert "caller" not in said
 
     L = client.metric(name)
     out = tmp_path / "L.npy"
@@ -168,6 +169,51 @@ def test_queries_export_and_events(
 
     event = ok_json(service, "events", name, "--count", "1", "--interval-ms", "20")
     assert (event["version"], event["samples_seen"]) == (80, 80)
+
+
+def test_query_output_labels_every_figure(
+    service: ServiceProcess, client: OPMLClient, name: str
+) -> None:
+    """Distances and squared distances are named wherever they are printed, and a threshold
+    is compared with the squared distance, as the service decides."""
+    X, y = stream(40, 3, 2, seed=21)
+    client.create_model(name, 3, gamma=0.01)
+    client.ingest(name, X, y, wait=True)
+    a, b, c = (
+        f"--{k}=" + ",".join(map(repr, v.tolist())) for k, v in zip("abb", X[:3], strict=True)
+    )
+    one = client.distance(name, X[0], X[1])
+    said = opml(service, "distance", name, a, b).stdout
+    assert said == (
+        f"distance {one.distance:.6g}, squared distance {one.squared_distance:.6g} (version 40)\n"
+    )
+    many = client.distances(name, X[0], X[1:3])
+    lines = opml(service, "distance", name, a, b, c).stdout.splitlines()
+    assert lines[0].split() == ["distance", "squared", "distance"]
+    for line, d, sq in zip(lines[1:3], many.distances, many.squared_distances, strict=True):
+        assert line.split() == [f"{d:.6g}", f"{sq:.6g}"]
+    assert lines[3:] == ["(version 40)"]
+    for threshold in (0.0, 1e6):
+        v = client.verify(name, X[0], X[1], threshold=threshold)
+        said = opml(service, "verify", name, a, b, "--threshold", str(threshold)).stdout
+        word, relation = ("same", "<=") if v.same else ("different", ">")
+        assert v.same is (threshold > 0)
+        assert said == (
+            f"{word}: squared distance {v.squared_distance:.6g} {relation} threshold "
+            f"{threshold:.6g} (distance {v.squared_distance**0.5:.6g}; threshold from caller, "
+            "version 40)\n"
+        )
+
+
+def test_help_is_plain_text() -> None:
+    """``opml --help`` shows the module's text without its reST markup."""
+    shown = subprocess.run([OPML, "--help"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: opml")
+    assert "``" not in shown.stdout and ":mod:" not in shown.stdout
+    assert "The service address comes from --url or $OPML_URL" in shown.stdout
+    assert "a threshold (verify, identify, certificate) is a squared distance" in (
+        " ".join(shown.stdout.split())
+    )
 
 
 def test_unreachable_service_exits_6() -> None:
@@ -355,6 +401,10 @@ def test_gradient_learner_create_and_restricted_distance(
     d = ok_json(service, "distance", name, f"--a={a}", f"--b={b}")  # brm: always restricted
     assert d["restricted_distance"] == client.distance(name, X[0], X[1]).restricted_distance
     said = opml(service, "distance", name, f"--a={a}", f"--b={b}", f"--b={c}", "--restricted")
-    assert said.returncode == 0 and said.stdout.count("restricted") == 2, said.stdout
+    lines = said.stdout.splitlines()
+    assert said.returncode == 0 and lines[0].split() == [
+        "distance", "squared", "distance", "restricted", "distance",
+    ], said.stdout  # fmt: skip
+    assert len(lines) == 4 and lines[3].startswith("(version ")
     refused = opml(service, "models", "create", f"{name}-x", "--dim", "3", "--kappa", "0.9")
     assert refused.returncode == 5 and "kappa" in refused.stderr

@@ -23,7 +23,7 @@ from clients import (
     Unauthorized,
 )
 from service.security import entry_for
-from tests.clients.conftest import FAST_RETRY, opml
+from tests.clients.support import FAST_RETRY, opml
 from tests.service.support import RedisServer, ServiceProcess
 
 KEYS = {"admin": "sdk-admin-key-0001", "ingest": "sdk-ingest-key-0002", "query": "sdk-query-key-03"}

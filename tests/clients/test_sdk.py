@@ -25,7 +25,7 @@ from clients import (
     Unavailable,
 )
 from service.core import COPML, OPML, Learner, LearnerConfig
-from tests.clients.conftest import FAST_RETRY, CuttableProxy
+from tests.clients.support import FAST_RETRY, CuttableProxy
 from tests.service.support import ServiceProcess, core_learner, stream
 
 HYPER = {"algorithm": "copml", "gamma": 0.01, "gamma_pair": 0.005, "margin": 1.0, "seed": 3}

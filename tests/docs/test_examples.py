@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clients.conftest import served
+from tests.clients.support import served
 from tests.service.support import ROOT, free_port
 
 

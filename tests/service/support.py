@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import re
 import socket
+import struct
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,10 @@ from service.core import Learner, LearnerConfig
 from service.storage.embedded import free_port, redis_server_binary
 
 ROOT = Path(__file__).resolve().parents[2]
+
+#: ``launch(workdir, redis_url, **OPML_settings)`` (the ``launch`` fixture): a launcher, not yet
+#: started.
+Launch = Callable[..., ServiceProcess]
 
 #: Limits of the shared service (the limit tests rely on them).
 SHARED_ENV = {
@@ -142,6 +148,12 @@ def core_learner(X: np.ndarray, y: list[str], **config: Any) -> Learner:
     if len(y):
         learner.learn_many(X, y)
     return learner
+
+
+def binary(frame_id: Any, X: Any, y: list[Any], header: bytes | None = None) -> bytes:
+    """A binary ``/stream`` frame (``header``: a header of the test's own, malformed or not)."""
+    head = header if header is not None else json.dumps({"id": frame_id, "y": y}).encode()
+    return struct.pack("<I", len(head)) + head + np.asarray(X, dtype="<f8").tobytes()
 
 
 def assert_problem(response: httpx.Response, status: int) -> dict[str, Any]:

@@ -12,8 +12,8 @@ import pytest
 from websockets.sync.client import connect
 
 from clients._wire import binary_frame
-from tests.service.conftest import Launch
 from tests.service.support import (
+    Launch,
     RedisServer,
     ServiceProcess,
     core_learner,

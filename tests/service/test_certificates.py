@@ -16,8 +16,9 @@ import redis
 from websockets.sync.client import connect
 
 from service.core import Learner, LearnerConfig
-from tests.service.conftest import Launch
+from tests.service.placement import FAST, eventually, lease_holder, member, placed
 from tests.service.support import (
+    Launch,
     RedisServer,
     ServiceProcess,
     assert_problem,
@@ -26,7 +27,6 @@ from tests.service.support import (
     series,
     stream,
 )
-from tests.service.test_scale_out import FAST, eventually, lease_holder, member, placed
 
 D = 4
 #: The model of most tests: 30 % of samples held out, a window of 600.

@@ -9,8 +9,7 @@ import httpx
 import numpy as np
 from websockets.sync.client import connect
 
-from tests.service.conftest import ServiceProcess
-from tests.service.support import core_learner, make_model, stream
+from tests.service.support import ServiceProcess, core_learner, make_model, stream
 
 
 def test_concurrent_clients_on_one_model(

@@ -14,8 +14,7 @@ import redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.service.conftest import Launch
-from tests.service.support import RedisServer, core_learner, make_model, stream
+from tests.service.support import Launch, RedisServer, core_learner, make_model, stream
 
 
 @pytest.fixture

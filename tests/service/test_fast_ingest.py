@@ -23,13 +23,7 @@ from service.storage.codec import (
 )
 from service.storage.store import Appended, Group, Store, TooManyClasses
 from service.storage.store import connect as redis_connect
-from tests.service.conftest import ServiceProcess
-from tests.service.support import core_learner, make_model, stream
-
-
-def binary(frame_id: Any, X: Any, y: list[Any], header: bytes | None = None) -> bytes:
-    head = header if header is not None else json.dumps({"id": frame_id, "y": y}).encode()
-    return struct.pack("<I", len(head)) + head + np.asarray(X, dtype="<f8").tobytes()
+from tests.service.support import ServiceProcess, binary, core_learner, make_model, stream
 
 
 def test_binary_frames_are_acked_in_order_and_learn_like_json(

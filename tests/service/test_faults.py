@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.service.conftest import Launch
 from tests.service.support import (
+    Launch,
     RedisServer,
     core_learner,
     make_model,

@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 
 from service.api.routes.queries import THREAD_VALUES
-from tests.service.conftest import Launch, ServiceProcess
 from tests.service.support import (
+    Launch,
     RedisServer,
+    ServiceProcess,
     assert_problem,
     core_learner,
     lean_count,

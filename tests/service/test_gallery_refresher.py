@@ -17,8 +17,8 @@ from service.core.gallery import TransformedGallery
 from service.engine import gallery as gallery_module
 from service.engine import writer as writer_module
 from service.engine.runtime import ModelRuntime
+from tests.service.runtime_support import CONFIG, run_with_runtime, until
 from tests.service.support import stream
-from tests.service.test_offered import CONFIG, run_with_runtime, until
 
 
 def test_a_min_version_read_is_not_held_up_by_the_refreshers_pause(

@@ -24,8 +24,8 @@ from starlette.datastructures import QueryParams
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.service.conftest import ServiceProcess
 from tests.service.support import (
+    ServiceProcess,
     assert_problem,
     make_model,
     raw_request,

@@ -16,9 +16,10 @@ import pytest
 import redis
 
 from service.core import Learner, LearnerConfig, normalize_rows
-from tests.service.conftest import Launch
+from tests.service.placement import eventually, placed
 from tests.service.support import (
     SHARED_ENV,
+    Launch,
     RedisServer,
     assert_problem,
     make_model,
@@ -26,7 +27,6 @@ from tests.service.support import (
     series,
     stream,
 )
-from tests.service.test_scale_out import eventually, placed
 
 NPZ = "application/x-npz"
 NPY = "application/x-npy"

@@ -14,16 +14,17 @@ import redis
 from websockets.sync.client import connect
 
 from service.api.schemas import LABEL_MESSAGE
-from tests.service.conftest import Launch, ServiceProcess
 from tests.service.support import (
+    Launch,
     RedisServer,
+    ServiceProcess,
     assert_problem,
+    binary,
     core_learner,
     make_model,
     scrape,
     series,
 )
-from tests.service.test_fast_ingest import binary
 
 
 def post(api: httpx.Client, name: str, body: Any, **kw: Any) -> httpx.Response:

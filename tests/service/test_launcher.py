@@ -9,8 +9,7 @@ import httpx
 import pytest
 
 from devkit.launcher import ServiceProcess
-from tests.service.conftest import Launch
-from tests.service.support import assert_problem
+from tests.service.support import Launch, assert_problem
 
 
 def gone(pid: int) -> bool:

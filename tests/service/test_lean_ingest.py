@@ -13,8 +13,7 @@ import json
 import httpx
 import pytest
 
-from tests.service.conftest import ServiceProcess
-from tests.service.support import assert_problem, lean_count, make_model
+from tests.service.support import ServiceProcess, assert_problem, lean_count, make_model
 
 JSON_TYPE = {"content-type": "application/json"}
 ONE = b'{"x": [1, 2], "y": 1}'

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from websockets.sync.client import connect
 
-from tests.service.conftest import Launch
 from tests.service.support import (
+    Launch,
     RedisServer,
     ServiceProcess,
     alert_exprs,

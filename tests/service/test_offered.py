@@ -5,59 +5,24 @@ core learner's on the logged order, metric replacements included. Real Redis, in
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import pytest
 
-from service.config import Settings
-from service.core import Learner, LearnerConfig
+from service.core import Learner
 from service.engine import writer as writer_module
 from service.engine.runtime import ModelRuntime
 from service.storage.codec import encode_vector
 from service.storage.store import Group, Store
 from service.storage.store import connect as redis_connect
+from tests.service.runtime_support import (
+    CONFIG,
+    assert_learned_like_the_core,
+    run_with_runtime,
+    until,
+)
 from tests.service.support import RedisServer, stream
-
-CONFIG = LearnerConfig(dim=3, gamma=0.05)
-
-
-def run_with_runtime(
-    redis_url: str,
-    body: Callable[[ModelRuntime], Awaitable[Any]],
-    settings: Settings | None = None,
-    config: LearnerConfig = CONFIG,
-) -> Any:
-    """``body(runtime)`` on a fresh model (``config``) learned by this (test) process."""
-
-    async def run() -> Any:
-        client = redis_connect(redis_url, 5.0)
-        store = Store(client)
-        name = f"offered-{time.time_ns()}"
-        created = time.time()
-        assert await store.create_model(name, asdict(config), created)
-        runtime = ModelRuntime(name, config, created, store, settings or Settings(), f"test:{name}")
-        try:
-            assert await runtime.claim()
-            runtime.activate()
-            await asyncio.wait_for(runtime.caught_up(), 30)
-            return await body(runtime)
-        finally:
-            await runtime.deactivate(checkpoint=False, closing=True)
-            await store.delete_model(name)
-            await client.aclose()
-
-    return asyncio.run(run())
-
-
-def assert_learned_like_the_core(L: np.ndarray, X: np.ndarray, y: list[Any]) -> None:
-    """``L`` is what the core learner reaches on ``X``, ``y`` in one batch."""
-    ref = Learner(CONFIG)
-    ref.learn_many(X, y)
-    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
 
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -72,13 +37,6 @@ def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(Store, "read_tail", counted)
     return reads
-
-
-async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
 
 
 def test_single_sample_appends_are_applied_as_offered_and_learn_exactly(

@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.service.conftest import Launch
 from tests.service.support import (
+    Launch,
     RedisServer,
     assert_problem,
     core_learner,

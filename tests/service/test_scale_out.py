@@ -9,7 +9,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,9 @@ from websockets.sync.client import connect
 
 from service.engine.membership import rendezvous
 from service.storage.store import Fenced, Store
+from tests.service.placement import FAST, eventually, lease_holder, member, placed
 from tests.service.support import RedisServer, ServiceProcess, core_learner, make_model, stream
 
-#: Leases of 3 s renewed every second, checkpoints every 100 samples or 1 s after a change.
-FAST = {
-    "OPML_LEASE_TTL_S": "3",
-    "OPML_POLL_INTERVAL_S": "0.2",
-    "OPML_CHECKPOINT_EVERY": "100",
-    "OPML_CHECKPOINT_INTERVAL_S": "1",
-    "OPML_LOG_LEVEL": "info",
-}
 D = 3
 PARAMS = {"gamma": 0.05, "seed": 1}
 
@@ -46,37 +39,6 @@ def services(tmp_path: Path) -> Iterator[list[ServiceProcess]]:
         svc.close()
 
 
-def eventually(what: Callable[[], Any], timeout: float = 60) -> Any:
-    """Poll ``what`` until it returns something truthy (a bound, not a timing assertion)."""
-    deadline = time.monotonic() + timeout
-    while not (value := what()):
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        time.sleep(0.05)
-    return value
-
-
-def member(svc: ServiceProcess) -> str:
-    return svc.url  # a process's member id is its advertised URL
-
-
-def lease_holder(rdb: redis.Redis, name: str) -> str | None:
-    raw = rdb.get(f"opml:{{{name}}}:lease")
-    return None if raw is None else raw.decode().split(" ", 1)[1]  # type: ignore[union-attr]
-
-
-def placed(rdb: redis.Redis, procs: list[ServiceProcess], names: list[str]) -> bool:
-    """Every model is held by the process rendezvous hashing gives it among ``procs``, and
-    that process serves it (its document answers without forwarding)."""
-    ids = sorted(member(p) for p in procs)
-    for name in names:
-        owner = rendezvous(name, ids)
-        if lease_holder(rdb, name) != owner:
-            return False
-        svc = next(p for p in procs if member(p) == owner)
-        answer = httpx.get(f"{svc.url}/v1/models/{name}", timeout=10)
-        if answer.status_code != 200 or "x-opml-served-by" in answer.headers:
-            return False
-    return True
 
 
 def scrape(svc: ServiceProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

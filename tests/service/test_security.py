@@ -22,9 +22,9 @@ from service.main import create_app
 from service.security import KeyRing, entry_for
 from service.storage.store import connect as redis_connect
 from service.storage.store import redacted_url
-from tests.service.conftest import Launch
 from tests.service.support import (
     ROOT,
+    Launch,
     RedisServer,
     ServiceProcess,
     assert_problem,

@@ -18,8 +18,8 @@ from websockets.sync.client import connect
 from service.core import Learner, LearnerConfig
 from service.core.race import GRID
 from service.core.steps import DEFAULTS
-from tests.service.conftest import Launch
 from tests.service.support import (
+    Launch,
     RedisServer,
     ServiceProcess,
     assert_problem,

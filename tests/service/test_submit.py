@@ -15,8 +15,8 @@ import pytest
 from service.engine.runtime import ModelRuntime
 from service.engine.writer import Writer
 from service.storage.store import Appended, Group
+from tests.service.runtime_support import assert_learned_like_the_core, run_with_runtime, until
 from tests.service.support import stream
-from tests.service.test_offered import assert_learned_like_the_core, run_with_runtime, until
 
 
 def test_submitted_appends_are_logged_in_call_order(redis_url: str) -> None:

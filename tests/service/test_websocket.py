@@ -11,8 +11,15 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from tests.service.conftest import Launch, ServiceProcess
-from tests.service.support import SHARED_ENV, assert_problem, core_learner, make_model, stream
+from tests.service.support import (
+    SHARED_ENV,
+    Launch,
+    ServiceProcess,
+    assert_problem,
+    core_learner,
+    make_model,
+    stream,
+)
 
 
 def test_stream_acks_in_frame_order_and_equals_the_core(

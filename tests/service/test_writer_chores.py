@@ -17,8 +17,8 @@ from service.engine import writer as writer_module
 from service.engine.runtime import ModelRuntime
 from service.storage import checkpoint
 from service.storage.store import Store
+from tests.service.runtime_support import assert_learned_like_the_core, run_with_runtime, until
 from tests.service.support import stream
-from tests.service.test_offered import assert_learned_like_the_core, run_with_runtime, until
 
 
 class Gate:

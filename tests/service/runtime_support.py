@@ -1,0 +1,62 @@
+"""Helpers of the tests that run a model's runtime in the test process on a real Redis (no
+service process): a fresh model and its runtime, the core learner's reference, a bounded wait."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from service.config import Settings
+from service.core import Learner, LearnerConfig
+from service.engine.runtime import ModelRuntime
+from service.storage.store import Store
+from service.storage.store import connect as redis_connect
+
+CONFIG = LearnerConfig(dim=3, gamma=0.05)
+
+
+def run_with_runtime(
+    redis_url: str,
+    body: Callable[[ModelRuntime], Awaitable[Any]],
+    settings: Settings | None = None,
+    config: LearnerConfig = CONFIG,
+) -> Any:
+    """``body(runtime)`` on a fresh model (``config``) learned by this (test) process."""
+
+    async def run() -> Any:
+        client = redis_connect(redis_url, 5.0)
+        store = Store(client)
+        name = f"offered-{time.time_ns()}"
+        created = time.time()
+        assert await store.create_model(name, asdict(config), created)
+        runtime = ModelRuntime(name, config, created, store, settings or Settings(), f"test:{name}")
+        try:
+            assert await runtime.claim()
+            runtime.activate()
+            await asyncio.wait_for(runtime.caught_up(), 30)
+            return await body(runtime)
+        finally:
+            await runtime.deactivate(checkpoint=False, closing=True)
+            await store.delete_model(name)
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def assert_learned_like_the_core(L: np.ndarray, X: np.ndarray, y: list[Any]) -> None:
+    """``L`` is what the core learner reaches on ``X``, ``y`` in one batch."""
+    ref = Learner(CONFIG)
+    ref.learn_many(X, y)
+    np.testing.assert_allclose(L, ref.L, rtol=0, atol=1e-12)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
