@@ -138,7 +138,19 @@ def queries_headline(data: dict[str, Any]) -> list[str]:
     ]
 
 
-HEADLINES = {"ingest": ingest_headline, "queries": queries_headline}
+def console_load_headline(data: dict[str, Any]) -> list[str]:
+    """The report's table and its verdict (the target is the ratio under the table)."""
+    from benchmarks.perf.console_load import report
+
+    md = report(data)
+    return [*first_table(md), "", *(x for x in md.splitlines() if x.startswith("Median "))]
+
+
+HEADLINES = {
+    "ingest": ingest_headline,
+    "queries": queries_headline,
+    "console_load": console_load_headline,
+}
 
 
 def section(bench: Benchmark, results: Path) -> list[str]:

@@ -214,8 +214,8 @@ class Certificate:
     ('binomial', 'served', 'calibrated', True)
     >>> c.false_accept.empirical <= c.false_accept.bound <= 1.0
     True
-    >>> sorted(c.to_dict())[:4]
-    ['certifies', 'classes', 'delta', 'details']
+    >>> sorted(c.to_dict())[:4] == ["certifies", "classes", "delta", "details"]
+    True
     """
 
     method: Method

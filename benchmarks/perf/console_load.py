@@ -1,11 +1,11 @@
 """What an open console costs the service: its CPU with the console's pages open against closed,
 side by side in one run, under paced ingestion into one of many models.
 
-    .venv/bin/python -m benchmarks.console_load [--rate 20000] [--models 100] [--quick]
+    python3 dev.py bench console_load [--rate 20000] [--models 100] [--quick]
 
 One service (embedded Redis) holds ``--models`` models (``--dim``); one of them, ``hot``,
 receives binary WebSocket frames of 64 samples paced at ``--rate`` samples/s by
-``benchmarks.loadgen`` (its own process) for ``--seconds`` per phase. Phases alternate
+``benchmarks.harness.loadgen`` (its own process) for ``--seconds`` per phase. Phases alternate
 ``closed`` (no browser page) and ``open`` (headless Chromium, driven by Selenium, showing the
 models table in one tab and the hot model's page in another, as a person would watch it), for
 ``--rounds`` rounds. Per phase: the service process's CPU seconds per wall second (from
@@ -16,7 +16,7 @@ how far its counters trailed the service's version when the phase ended (respons
 Target (ratios): median service CPU open / closed <= 1.10, per wall second and per sample
 ingested (the browser shares the machine and may slow the generator), i.e. the throttled live
 updates cost at most a tenth more service CPU.
-Results: ``benchmarks/results/console_load{,_quick}.*``.
+Results: ``benchmarks/results/console_load.{md,json}`` (``--quick``: under ``results/quick/``).
 Needs Debian's ``chromium`` and ``chromium-driver`` and selenium (the ``test`` extra).
 """
 
@@ -36,10 +36,13 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.common import RESULTS_DIR, command_line, cpu_seconds, machine_block, machine_info
+from benchmarks.harness.cli import parse
+from benchmarks.harness.machine import cpu_seconds, machine_block, machine_info
+from benchmarks.harness.results import command_line, result_stem, write_results
+from benchmarks.harness.targets import start_service
 from devkit.launcher import ServiceProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: chromedriver's pid (the browser's processes are its descendants).
 BROWSER_PID = [0]
 TARGET_RATIO = 1.10
@@ -72,7 +75,8 @@ def tree_cpu(root: int) -> float:
             parent[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue
-    tree, frontier = set(), {root}
+    tree: set[int] = set()
+    frontier = {root}
     while frontier:
         frontier = {pid for pid, ppid in parent.items() if ppid in frontier} - tree
         tree |= frontier
@@ -101,8 +105,8 @@ def run_phase(
     stat = Path(f"/proc/{svc.pid}/stat")
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
         out = Path(f.name)
-    cmd = [sys.executable, "-m", "benchmarks.loadgen", "ws", "--url", svc.url, "--model", "hot",
-           "--dim", str(args.dim), "--frame", "64", "--encoding", "binary",
+    cmd = [sys.executable, "-m", "benchmarks.harness.loadgen", "ws", "--url", svc.url,
+           "--model", "hot", "--dim", str(args.dim), "--frame", "64", "--encoding", "binary",
            "--rate", str(args.rate), "--seconds", str(args.seconds),
            "--first-id", str(first_id), "--out", str(out)]  # fmt: skip
     before = page_state(driver) if driver is not None else None
@@ -135,7 +139,9 @@ def run_phase(
 
 def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     phases: dict[str, list[dict[str, Any]]] = {"closed": [], "open": []}
-    with ServiceProcess(workdir / "svc", None, OPML_MAX_DIM=str(max(64, args.dim))) as svc:
+    # the harness's launch: its readiness wait covers a first start's kernel compilation
+    max_dim = str(max(64, args.dim))
+    with start_service("service", workdir / "svc", OPML_MAX_DIM=max_dim) as (_, svc):
         rng = np.random.default_rng(0)
         with httpx.Client(base_url=svc.url, timeout=60) as client:
             for k in range(args.models - 1):
@@ -171,9 +177,12 @@ def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return phases
 
 
-def report(phases: dict[str, Any], args: argparse.Namespace, info: dict[str, Any]) -> str:
+def report(result: dict[str, Any]) -> str:
+    """``console_load.md`` of a run (``result`` as measured, or as saved in the JSON)."""
+    phases, a = result["phases"], argparse.Namespace(**result["args"])
+
     def median(name: str, key: str) -> float:
-        return statistics.median(p[key] for p in phases[name])
+        return float(statistics.median(p[key] for p in phases[name]))
 
     ratio = median("open", "service_cpu_per_s") / median("closed", "service_cpu_per_s")
     per_sample = median("open", "service_cpu_ms_per_1000") / median(
@@ -183,19 +192,19 @@ def report(phases: dict[str, Any], args: argparse.Namespace, info: dict[str, Any
     lines = [
         "# The console's cost to the service",
         "",
-        f"`{command_line('benchmarks.console_load')}` (rate {args.rate:g} samples/s, models "
-        f"{args.models}, dim {args.dim}, {args.seconds:g} s per phase, {args.rounds} rounds): "
-        "paced binary WebSocket ingestion into one model; phases alternate without and with "
-        "the console open (models table and the model's page, headless Chromium).",
+        f"`{result['command']}` (rate {a.rate:g} samples/s, models {a.models}, dim {a.dim}, "
+        f"{a.seconds:g} s per phase, {a.rounds} rounds): paced binary WebSocket ingestion into "
+        "one model; phases alternate without and with the console open (models table and the "
+        "model's page, headless Chromium).",
         "",
-        machine_block(info),
+        machine_block(result["machine"]),
         "",
         "| round | phase | service CPU (cores) | CPU ms / 1000 samples | ingested (samples/s) "
         "| browser CPU (cores) | generator CPU (cores) | page frames/s | page trails by "
         "(samples) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in range(args.rounds):
+    for r in range(a.rounds):
         for name in ("closed", "open"):
             p = phases[name][r]
             frames = f"{p['page_frames_per_s']:.2f}" if "page_frames_per_s" in p else "-"
@@ -218,6 +227,10 @@ def report(phases: dict[str, Any], args: argparse.Namespace, info: dict[str, Any
     return "\n".join(lines)
 
 
+#: ``--quick``: 10 models, 8 s phases, one round.
+QUICK = {"models": 10, "seconds": 8.0, "rounds": 1}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rate", type=float, default=20_000.0, help="samples/s into one model")
@@ -225,22 +238,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=20.0, help="per phase")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="10 models, 8 s phases, 1 round")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.models, args.seconds, args.rounds = 10, 8.0, 1
+    args = parse(parser, argv, QUICK)
     if shutil.which("chromium") is None or shutil.which("chromedriver") is None:
         raise SystemExit("needs Debian's chromium and chromium-driver (apt-get install ...)")
     with tempfile.TemporaryDirectory(prefix="console-load-") as tmp:
         phases = measure(args, Path(tmp))
-    info = machine_info()
-    text = report(phases, args, info)
-    stem = "console_load_quick" if args.quick else "console_load"
-    RESULTS_DIR.mkdir(exist_ok=True)
-    (RESULTS_DIR / f"{stem}.md").write_text(text)
-    (RESULTS_DIR / f"{stem}.json").write_text(
-        json.dumps({"machine": info, "args": vars(args), "phases": phases}, indent=1)
-    )
+    result = {
+        "command": command_line("benchmarks.perf.console_load"),
+        "machine": machine_info(),
+        "args": vars(args),
+        "phases": phases,
+    }
+    text = report(result)
+    write_results(result_stem("console_load", args.quick), [text], result)
     print(text)
 
 
