@@ -110,16 +110,21 @@ def report(data: dict[str, Any]) -> list[str]:
         "Unavailable: per fault and model, the longest stretch without an acknowledgement from "
         "the fault's start until every model is acknowledged again. Held: the models the "
         "faulted process held when the fault began. Latency: first attempt to acknowledgement, "
-        "retries included, of the requests acknowledged in the faults' windows.",
+        "retries included, of the requests acknowledged in the faults' windows. Interruptions: "
+        "stretches over 0.3 s without an acknowledgement, per fault and model (a model that "
+        "moves away and back counts two).",
         "",
-        "| fault | n | unavailable (all models) | unavailable (held) | ack latency | 500s |",
-        "|---|---|---|---|---|---|",
+        "| fault | n | unavailable (all models) | unavailable (held) | ack latency | "
+        "interruptions per model (p50 / max) | 500s |",
+        "|---|---|---|---|---|---|---|",
     ]
     for kind, k in m["kinds"].items():
         held = q(k["unavailable_held_s"]) if "unavailable_held_s" in k else "-"
+        cuts = k["interruptions_per_model"]
         md.append(f"| {kind} | {k['faults']} | {q(k['unavailable_s'])} | {held} | "
-                  f"{q(k['ack_latency_s'])} | {k['server_errors']} |")  # fmt: skip
-    md.append(f"| (no fault) | | | | {q(m['ack_latency_without_fault_s'])} | |")
+                  f"{q(k['ack_latency_s'])} | {cuts['p50']:g} / {cuts['max']:g} | "
+                  f"{k['server_errors']} |")  # fmt: skip
+    md.append(f"| (no fault) | | | | {q(m['ack_latency_without_fault_s'])} | | |")
     kill = m["kinds"].get("service_kill")
     if kill:
         served = [d["served_again_s"] for d in kill["details"]]

@@ -619,55 +619,67 @@ def config_of(outcome: Outcome, index: int) -> LearnerConfig:
     return LearnerConfig(dim=outcome.config.dim, gamma=0.05, seed=index)
 
 
+#: Problems listed per model (one lost entry puts every later batch out of place).
+PROBLEMS_SHOWN = 8
+
+
+def check_model(outcome: Outcome, k: int, name: str) -> list[str]:
+    """The violations found in model ``name`` (the ``k``-th) of ``outcome``."""
+    problems: list[str] = []
+    X, y = outcome.streams[name]
+    log = outcome.log[name]
+    # seqs 1..n, each entry right after the previous one
+    rows: list[np.ndarray] = []
+    labels: list[str] = []
+    for last in sorted(log):
+        block, keys = log[last]
+        first = last - len(keys) + 1
+        if first != len(labels) + 1:
+            problems.append(f"{name}: log entry at seqs {first}..{last} follows seq "
+                            f"{len(labels)} (a gap or an overlap)")  # fmt: skip
+            break
+        rows.extend(block)
+        labels.extend(keys)
+    index = {X[i].tobytes(): i for i in range(len(y))}
+    logged = [index.get(r.tobytes(), -1) for r in rows]
+    if -1 in logged:
+        problems.append(f"{name}: seq {logged.index(-1) + 1} holds a sample never sent")
+    seen: dict[int, int] = {}
+    for seq, i in enumerate(logged, start=1):
+        if i >= 0 and i in seen:
+            problems.append(f"{name}: sample {i} logged twice, seqs {seen[i]} and {seq}")
+        seen[i] = seq
+    for ack in (a for a in outcome.acks if a.model == name):
+        want = list(range(ack.lo, ack.hi))
+        if ack.last_seq - ack.first_seq + 1 != len(want):
+            problems.append(f"{name}: batch {ack.lo} acknowledged with seqs "
+                            f"{ack.first_seq}..{ack.last_seq}")  # fmt: skip
+        got = logged[ack.first_seq - 1 : ack.last_seq]
+        if got != want:
+            problems.append(f"{name}: batch {ack.lo} acknowledged at seqs {ack.first_seq}.."
+                            f"{ack.last_seq}, the log holds samples {got} there")  # fmt: skip
+        elif [labels[s - 1] for s in range(ack.first_seq, ack.last_seq + 1)] != y[ack.lo : ack.hi]:
+            problems.append(f"{name}: batch {ack.lo} logged with other labels")
+    learner = Learner(config_of(outcome, k))
+    if rows:
+        learner.learn_many(np.array(rows), labels)
+    for via, version, L in outcome.served[name]:
+        if version != len(rows):
+            problems.append(f"{name}: {via} serves version {version}, the log has {len(rows)}")
+        elif L is None or not np.array_equal(L, learner.L):
+            diff = "no L" if L is None else f"max |diff| {np.abs(L - learner.L).max():.3g}"
+            problems.append(f"{name}: {via} serves an L that is not the log's replay ({diff})")
+    return problems
+
+
 def check(outcome: Outcome) -> list[str]:
     """Every violation of the promises (none: the run kept them). See the module docstring."""
     problems: list[str] = []
     for k, name in enumerate(outcome.names):
-        X, y = outcome.streams[name]
-        log = outcome.log[name]
-        # seqs 1..n, each entry right after the previous one
-        rows: list[np.ndarray] = []
-        labels: list[str] = []
-        for last in sorted(log):
-            block, keys = log[last]
-            first = last - len(keys) + 1
-            if first != len(labels) + 1:
-                problems.append(f"{name}: log entry at seqs {first}..{last} follows seq "
-                                f"{len(labels)} (a gap or an overlap)")  # fmt: skip
-                break
-            rows.extend(block)
-            labels.extend(keys)
-        index = {X[i].tobytes(): i for i in range(len(y))}
-        logged = [index.get(r.tobytes(), -1) for r in rows]
-        if -1 in logged:
-            problems.append(f"{name}: seq {logged.index(-1) + 1} holds a sample never sent")
-        seen: dict[int, int] = {}
-        for seq, i in enumerate(logged, start=1):
-            if i >= 0 and i in seen:
-                problems.append(f"{name}: sample {i} logged twice, seqs {seen[i]} and {seq}")
-            seen[i] = seq
-        for ack in (a for a in outcome.acks if a.model == name):
-            want = list(range(ack.lo, ack.hi))
-            if ack.last_seq - ack.first_seq + 1 != len(want):
-                problems.append(f"{name}: batch {ack.lo} acknowledged with seqs "
-                                f"{ack.first_seq}..{ack.last_seq}")  # fmt: skip
-            got = logged[ack.first_seq - 1 : ack.last_seq]
-            if got != want:
-                problems.append(f"{name}: batch {ack.lo} acknowledged at seqs {ack.first_seq}.."
-                                f"{ack.last_seq}, the log holds samples {got} there")  # fmt: skip
-            elif [labels[s - 1] for s in range(ack.first_seq, ack.last_seq + 1)] != y[
-                ack.lo : ack.hi
-            ]:
-                problems.append(f"{name}: batch {ack.lo} logged with other labels")
-        learner = Learner(config_of(outcome, k))
-        if rows:
-            learner.learn_many(np.array(rows), labels)
-        for via, version, L in outcome.served[name]:
-            if version != len(rows):
-                problems.append(f"{name}: {via} serves version {version}, the log has {len(rows)}")
-            elif L is None or not np.array_equal(L, learner.L):
-                diff = "no L" if L is None else f"max |diff| {np.abs(L - learner.L).max():.3g}"
-                problems.append(f"{name}: {via} serves an L that is not the log's replay ({diff})")
+        found = check_model(outcome, k, name)
+        problems += found[:PROBLEMS_SHOWN]
+        if len(found) > PROBLEMS_SHOWN:
+            problems.append(f"{name}: and {len(found) - PROBLEMS_SHOWN} more")
     if outcome.server_errors:
         problems.append(f"{len(outcome.server_errors)} answers were 500: "
                         f"{[text for _, text in outcome.server_errors[:5]]}; the services' logs: "
@@ -735,7 +747,7 @@ def measure(outcome: Outcome) -> dict[str, Any]:
     for fault in outcome.faults:
         entry = by_kind.setdefault(fault.kind, {
             "faults": 0, "unavailable": [], "held": [], "latency": [], "details": [],
-            "server_errors": 0, "interruptions": [], "moves": [],
+            "server_errors": 0, "interruptions": [], "moves": [], "counts": [],
         })  # fmt: skip
         entry["faults"] += 1
         owners = fault.detail.get("owners", {})
@@ -746,6 +758,9 @@ def measure(outcome: Outcome) -> dict[str, Any]:
             entry["unavailable"].append(gap)
             if owners.get(name) == fault.target:
                 entry["held"].append(gap)
+            entry["counts"].append(
+                len(gaps_longer(times[name], fault.start, fault.end, INTERRUPTION_S))
+            )
         entry["latency"] += [a.acked - a.sent for a in outcome.acks
                              if fault.start <= a.acked <= fault.end]  # fmt: skip
         entry["server_errors"] += sum(fault.start <= t <= fault.end
@@ -775,6 +790,8 @@ def measure(outcome: Outcome) -> dict[str, Any]:
             "unavailable_s": quantiles(e["unavailable"]),
             "ack_latency_s": quantiles(e["latency"]),
             "server_errors": e["server_errors"],
+            # per (fault, model): stretches over INTERRUPTION_S without an acknowledgement
+            "interruptions_per_model": quantiles([float(c) for c in e["counts"]]),
             "details": e["details"],
         }
         if kind in ("service_kill", "service_pause"):
@@ -787,7 +804,9 @@ def measure(outcome: Outcome) -> dict[str, Any]:
             kinds[kind]["owner_changes_per_model"] = quantiles([float(m) for m in e["moves"]])
     return {
         "kinds": kinds,
-        "lease_ttl_plus_round_s": config.lease_ttl_s + config.poll_interval_s,
+        # a dead owner's leases and heartbeat expire within the TTL; the survivors' next
+        # placement round (every third of the TTL) takes its models
+        "lease_ttl_plus_round_s": round(config.lease_ttl_s * 4 / 3, 3),
         "ack_latency_without_fault_s": quantiles(quiet),
         "acknowledged_batches": len(outcome.acks),
         "acknowledged_samples": sum(a.hi - a.lo for a in outcome.acks),
