@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import itertools
 import json
 import random
@@ -60,7 +59,8 @@ from typing import Any
 
 import numpy as np
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import RedisClusterException
 
 from clients import OPMLClient
 from clients.errors import APIError, OPMLError
@@ -301,6 +301,13 @@ class Workload:
                 )
 
     def _writer(self, k: int, name: str) -> None:
+        try:
+            self._write(k, name)
+        except Exception as exc:  # the nemesis stops waiting and the run fails with it
+            self.failures.append(f"{name}: the writer failed: {exc!r}")
+            raise
+
+    def _write(self, k: int, name: str) -> None:
         X, y = self.streams[name]
         batch = self.config.batch
         clients = [self.client(j) for j in range(len(self.harness.services))]
@@ -353,15 +360,26 @@ class Workload:
                 client.close()
 
 
+#: What a cluster client raises while a node is down or a failover is under way.
+CLUSTER_ERRORS = (redis.RedisError, RedisClusterException, OSError, IndexError, KeyError)
+
+
+def cluster_client(cluster: LocalCluster, timeout: float = 5.0) -> RedisCluster:
+    """A cluster client that knows every node as a seed (any one of them may be down)."""
+    nodes = [ClusterNode("127.0.0.1", n.port) for n in cluster.nodes]  # type: ignore[no-untyped-call]
+    return RedisCluster(startup_nodes=nodes, socket_timeout=timeout)
+
+
 class Recorder:
     """Keeps every entry of every model's log as it is appended (see the module docstring)."""
 
-    def __init__(self, seed_url: str, names: list[str], dim: int) -> None:
-        self.seed_url = seed_url
+    def __init__(self, cluster: LocalCluster, names: list[str], dim: int) -> None:
+        self.cluster = cluster
         self.names = names
         self.dim = dim
         self.log: dict[str, dict[int, tuple[np.ndarray, list[str]]]] = {n: {} for n in names}
         self.rewritten = 0
+        self.errors: list[str] = []  # a thread that ended on an unexpected error
         self.stop = threading.Event()
         self._lock = threading.Lock()
         self._threads = [threading.Thread(target=self._follow, args=(n,)) for n in names]
@@ -388,15 +406,22 @@ class Recorder:
                 self.log[name][seq] = (rows, labels)
 
     def _follow(self, name: str) -> None:
+        try:
+            self._loop(name)
+        except Exception as exc:  # surfaced by run(): the recording is incomplete
+            self.errors.append(f"{name}: {exc!r}")
+            raise
+
+    def _loop(self, name: str) -> None:
         key = ModelKeys(name).log
         last = "0-0"
         client: RedisCluster | None = None
         while not self.stop.is_set():
             try:
                 if client is None:
-                    client = RedisCluster.from_url(self.seed_url, socket_timeout=5)
+                    client = cluster_client(self.cluster)
                 got: Any = client.xread({key: last}, count=1000, block=500)
-            except (redis.RedisError, IndexError, KeyError):
+            except CLUSTER_ERRORS:
                 # a failover under way: a new client finds the new master
                 with contextlib.suppress(Exception):
                     if client is not None:
@@ -412,7 +437,7 @@ class Recorder:
 
     def final(self) -> None:
         """What is left of each log in Redis now (the last word on every entry in it)."""
-        client = RedisCluster.from_url(self.seed_url, socket_timeout=10)
+        client = cluster_client(self.cluster, 10.0)
         try:
             for name in self.names:
                 self._keep(name, client.xrange(ModelKeys(name).log))  # type: ignore[arg-type]
@@ -439,7 +464,12 @@ class Nemesis:
             time.sleep(quiet)  # a seeded gap of normal operation between faults
 
     def acked_after(self, what: str, t: float) -> None:
-        wait_until(what, functools.partial(self.workload.acked_since, t))
+        def acked() -> bool:
+            if self.workload.failures:
+                raise AssertionError(f"the clients failed: {self.workload.failures}")
+            return self.workload.acked_since(t)
+
+        wait_until(what, acked)
 
     def _fault(self, kind: str, target: str) -> Fault:
         fault = Fault(kind, target, time.monotonic())
@@ -448,15 +478,17 @@ class Nemesis:
 
     def owners(self) -> dict[str, str | None]:
         """Each model's lease holder now (a process's URL), None if nobody holds it."""
-        node = next(n for n in self.harness.cluster.nodes if n.running)
-        client = RedisCluster.from_url(node.url, socket_timeout=5)
+        try:
+            client = cluster_client(self.harness.cluster)
+        except CLUSTER_ERRORS:
+            return {}
         try:
             out: dict[str, str | None] = {}
             for name in self.workload.names:
                 raw: Any = client.get(ModelKeys(name).lease)
                 out[name] = None if raw is None else raw.decode().split(" ", 1)[1]
             return out
-        except redis.RedisError:
+        except CLUSTER_ERRORS:
             return {}
         finally:
             client.close()
@@ -588,7 +620,7 @@ def run(config: Config, root: Path | None = None, harness: Harness | None = None
             for k, name in enumerate(names):
                 client.create_model(name, config.dim, gamma=0.05, seed=k)
         workload = Workload(harness, names, stream_len=config.samples)
-        recorder = Recorder(harness.cluster.nodes[0].url, names, config.dim)
+        recorder = Recorder(harness.cluster, names, config.dim)
         nemesis = Nemesis(harness, workload)
         started = time.monotonic()
         recorder.start()
@@ -599,8 +631,9 @@ def run(config: Config, root: Path | None = None, harness: Harness | None = None
             workload.join()
             recorder.join()
         ended = time.monotonic()
-        if workload.failures:
-            raise AssertionError(f"the clients failed: {workload.failures}")
+        if workload.failures or recorder.errors:
+            raise AssertionError(f"the clients or the recorder failed: {workload.failures} "
+                                 f"{recorder.errors}")  # fmt: skip
         harness.cluster.wait_healthy(RECOVERY_TIMEOUT_S)
         recorder.final()
         versions = {n: max(recorder.log[n], default=0) for n in names}
