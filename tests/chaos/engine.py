@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import random
 import re
@@ -76,6 +75,9 @@ KINDS = ("service_kill", "service_pause", "redis_master_kill", "rolling_restart"
 #: The clients' bound on one request: a process frozen by SIGSTOP holds a request until then,
 #: and the writer tries the next process (a load balancer's health check would do the same).
 CLIENT_TIMEOUT_S = 3.0
+
+#: A model's reader asks for its metric this often (the resolution of the read measurement).
+READ_EVERY_S = 0.1
 
 #: Bound of every wait of the nemesis for the system to come back (a hang is a finding).
 RECOVERY_TIMEOUT_S = 120.0
@@ -160,6 +162,8 @@ class Outcome:
     faults: list[Fault]
     server_errors: list[tuple[float, str]]  # 500s: (when, "METHOD path (via process): detail")
     statuses: dict[str, int]  # answers other than 2xx seen by the clients, by status
+    reads: dict[str, list[float]]  # model -> times of its served metric reads
+    owners: OwnerWatch
     log: dict[str, dict[int, tuple[np.ndarray, list[str]]]]  # model -> last seq -> entry
     rewritten: int  # entries seen twice with different content (appended, lost in a failover)
     served: dict[str, list[tuple[str, int, np.ndarray | None]]]  # model -> (process, version, L)
@@ -258,6 +262,7 @@ class Workload:
         }
         self.acks: list[Ack] = []
         self.last_ack: dict[str, float] = {}
+        self.reads: dict[str, list[float]] = {name: [] for name in names}  # served metric reads
         self.server_errors: list[tuple[float, str]] = []
         self.statuses: dict[str, int] = {}
         self.failures: list[str] = []
@@ -274,7 +279,7 @@ class Workload:
     def start(self) -> None:
         for k, name in enumerate(self.names):
             self._threads.append(threading.Thread(target=self._writer, args=(k, name)))
-        self._threads.append(threading.Thread(target=self._reader))
+            self._threads.append(threading.Thread(target=self._reader, args=(k, name)))
         for thread in self._threads:
             thread.start()
 
@@ -287,9 +292,12 @@ class Workload:
             self.failures.append("a client thread did not finish within its bound")
 
     def acked_since(self, t: float) -> bool:
-        """Every model has an acknowledgement after monotonic time ``t``."""
+        """Every model has an acknowledgement and a served read after monotonic time ``t``."""
         with self._lock:
-            return all(self.last_ack.get(n, -1.0) > t for n in self.names)
+            return all(
+                self.last_ack.get(n, -1.0) > t and self.reads[n] and self.reads[n][-1] > t
+                for n in self.names
+            )
 
     def _note(self, failure: Exception, method: str, path: str, via: str) -> None:
         status = str(failure.status) if isinstance(failure, APIError) else type(failure).__name__
@@ -343,18 +351,27 @@ class Workload:
             for client in clients:
                 client.close()
 
-    def _reader(self) -> None:
+    def _reader(self, k: int, name: str) -> None:
+        """Reads the model's metric every :data:`READ_EVERY_S`; a failed read tries the next
+        process at once (a read is served when any process answers it)."""
         clients = [self.client(j) for j in range(len(self.harness.services))]
+        turn = k
         try:
-            for turn in itertools.count():
-                if self.stop.wait(0.05):
-                    return
+            while not self.stop.is_set():
                 client = clients[turn % len(clients)]
-                name = self.names[turn % len(self.names)]
                 try:
                     client.metric_snapshot(name)
                 except OPMLError as exc:
                     self._note(exc, "GET", f"/v1/models/{name}/metric", client.base_url)
+                    turn += 1
+                    self.stop.wait(0.05)
+                    continue
+                with self._lock:
+                    self.reads[name].append(time.monotonic())
+                self.stop.wait(READ_EVERY_S)
+        except Exception as exc:  # the nemesis stops waiting and the run fails with it
+            self.failures.append(f"{name}: the reader failed: {exc!r}")
+            raise
         finally:
             for client in clients:
                 client.close()
@@ -443,6 +460,58 @@ class Recorder:
                 self._keep(name, client.xrange(ModelKeys(name).log))  # type: ignore[arg-type]
         finally:
             client.close()
+
+
+class OwnerWatch:
+    """Polls every model's lease holder and keeps each change: (when, model, holder)."""
+
+    def __init__(self, cluster: LocalCluster, names: list[str]) -> None:
+        self.cluster = cluster
+        self.names = names
+        self.changes: list[tuple[float, str, str | None]] = []
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        self._thread.join(30)
+
+    def _poll(self) -> None:
+        last: dict[str, str | None] = {}
+        client: RedisCluster | None = None
+        while not self.stop.wait(0.1):
+            try:
+                if client is None:
+                    client = cluster_client(self.cluster)
+                for name in self.names:
+                    raw: Any = client.get(ModelKeys(name).lease)
+                    holder = None if raw is None else raw.decode().split(" ", 1)[1]
+                    if name not in last or last[name] != holder:
+                        self.changes.append((time.monotonic(), name, holder))
+                        last[name] = holder
+            except CLUSTER_ERRORS:
+                with contextlib.suppress(Exception):
+                    if client is not None:
+                        client.close()
+                client = None
+        if client is not None:
+            client.close()
+
+    def moves(self, name: str, start: float, end: float) -> int:
+        """Times ``name`` went to another process within [start, end] (a release in between,
+        no holder for a moment, is not a move by itself)."""
+        holder: str | None = None
+        moved = 0
+        for t, model, who in self.changes:
+            if model != name or who is None:
+                continue
+            if start <= t <= end and holder is not None and who != holder:
+                moved += 1
+            holder = who
+        return moved
 
 
 class Nemesis:
@@ -577,13 +646,21 @@ def served_metrics(
     for svc in harness.services:
         with OPMLClient(svc.url, timeout=30.0) as client:
             for name in names:
-                snap = client.metric_snapshot(name, min_version=versions[name])
+                try:
+                    snap = client.metric_snapshot(name, min_version=versions[name])
+                except OPMLError:  # e.g. the log's length never reached: the checker says so
+                    out[name].append((svc.url, -1, None))
+                    continue
                 out[name].append((svc.url, snap.version, np.asarray(snap.L)))
     return out
 
 
 #: A traceback's exception line (``redis.exceptions.ConnectionError: ...``).
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*")
+
+
+#: A traceback's frame in the service's own code.
+SERVICE_FRAME = re.compile(r'File ".*?/(service/[\w/]+\.py)", line (\d+), in (\w+)')
 
 
 def server_error_lines(harness: Harness) -> list[str]:
@@ -598,9 +675,13 @@ def server_error_lines(harness: Harness) -> list[str]:
         for i, line in enumerate(lines):
             if "unhandled error" not in line:
                 continue
-            raised = [t for t in lines[i + 1 : i + 120] if EXCEPTION_LINE.match(t)]
-            found.append(f"{svc.log_path.name}: {line.strip()[:200]} | " + " <- ".join(
-                t[:300] for t in reversed(raised[:6])))  # fmt: skip
+            block = lines[i + 1 : i + 160]
+            raised = [t for t in block if EXCEPTION_LINE.match(t)]
+            where = [f"{m[1]}:{m[2]} {m[3]}" for t in block
+                     if (m := SERVICE_FRAME.search(t))]  # fmt: skip
+            chain = " <- ".join(t[:300] for t in reversed(raised[:6]))
+            found.append(f"{svc.log_path.name}: {line.strip()[:200]} | {chain} | "
+                         f"service frames: {where[-8:]}")  # fmt: skip
     return found[:50]
 
 
@@ -622,14 +703,17 @@ def run(config: Config, root: Path | None = None, harness: Harness | None = None
         workload = Workload(harness, names, stream_len=config.samples)
         recorder = Recorder(harness.cluster, names, config.dim)
         nemesis = Nemesis(harness, workload)
+        owners = OwnerWatch(harness.cluster, names)
         started = time.monotonic()
         recorder.start()
+        owners.start()
         workload.start()
         try:
             nemesis.run()
         finally:
             workload.join()
             recorder.join()
+            owners.join()
         ended = time.monotonic()
         if workload.failures or recorder.errors:
             raise AssertionError(f"the clients or the recorder failed: {workload.failures} "
@@ -643,8 +727,8 @@ def run(config: Config, root: Path | None = None, harness: Harness | None = None
         harness.close()
     return Outcome(
         config, names, workload.streams, workload.acks, nemesis.faults, workload.server_errors,
-        workload.statuses, recorder.log, recorder.rewritten, served, pids, excerpts,
-        started, ended,
+        workload.statuses, workload.reads, owners, recorder.log, recorder.rewritten, served,
+        pids, excerpts, started, ended,
     )  # fmt: skip
 
 
@@ -697,7 +781,9 @@ def check_model(outcome: Outcome, k: int, name: str) -> list[str]:
     if rows:
         learner.learn_many(np.array(rows), labels)
     for via, version, L in outcome.served[name]:
-        if version != len(rows):
+        if version < 0:
+            problems.append(f"{name}: {via} did not serve version {len(rows)} (the log's length)")
+        elif version != len(rows):
             problems.append(f"{name}: {via} serves version {version}, the log has {len(rows)}")
         elif L is None or not np.array_equal(L, learner.L):
             diff = "no L" if L is None else f"max |diff| {np.abs(L - learner.L).max():.3g}"
@@ -771,46 +857,44 @@ INTERRUPTION_S = 0.3
 
 
 def measure(outcome: Outcome) -> dict[str, Any]:
-    """Per fault kind: unavailability per model and fault (all models, and the models the
-    faulted process held), the acknowledgement latency in the faults' windows, 500s; for
-    rolling restarts, per process step the interruptions of each model and its moves."""
+    """Per fault kind, per (fault, model): how long ingestion (acknowledgements) and queries
+    (served metric reads) were unavailable, for every model and for the models the faulted
+    process held; their interruptions; the model's moves between processes; the latency of the
+    acknowledgements in the faults' windows; 500s."""
     config = outcome.config
-    times = {n: sorted(a.acked for a in outcome.acks if a.model == n) for n in outcome.names}
+    acks = {n: sorted(a.acked for a in outcome.acks if a.model == n) for n in outcome.names}
+    reads = {n: sorted(outcome.reads[n]) for n in outcome.names}
     by_kind: dict[str, dict[str, Any]] = {}
     for fault in outcome.faults:
-        entry = by_kind.setdefault(fault.kind, {
-            "faults": 0, "unavailable": [], "held": [], "latency": [], "details": [],
-            "server_errors": 0, "interruptions": [], "moves": [], "counts": [],
-        })  # fmt: skip
-        entry["faults"] += 1
+        e = by_kind.setdefault(fault.kind, {"faults": 0, "details": [], "server_errors": 0,
+                                            "latency": []})  # fmt: skip
+        e["faults"] += 1
         owners = fault.detail.get("owners", {})
-        detail = {k: v for k, v in fault.detail.items() if k not in ("owners", "steps")}
+        detail = {k: v for k, v in fault.detail.items() if k not in ("owners", "owners_after")}
         detail |= {"target": fault.target, "duration_s": round(fault.end - fault.start, 3)}
-        for name in outcome.names:
-            gap = unavailability(times[name], fault.start, fault.end)
-            entry["unavailable"].append(gap)
-            if owners.get(name) == fault.target:
-                entry["held"].append(gap)
-            entry["counts"].append(
-                len(gaps_longer(times[name], fault.start, fault.end, INTERRUPTION_S))
-            )
-        entry["latency"] += [a.acked - a.sent for a in outcome.acks
-                             if fault.start <= a.acked <= fault.end]  # fmt: skip
-        entry["server_errors"] += sum(fault.start <= t <= fault.end
-                                      for t, _ in outcome.server_errors)  # fmt: skip
-        steps = fault.detail.get("steps", [])
-        if steps:
-            seen = [step["owners"] for step in steps] + [fault.detail.get("owners_after", {})]
-            for name in outcome.names:
-                holders = [o.get(name) for o in seen if o]
-                entry["moves"].append(sum(a != b for a, b in itertools.pairwise(holders)))
-                entry["interruptions"] += gaps_longer(times[name], fault.start, fault.end,
-                                                      INTERRUPTION_S)  # fmt: skip
+        if "steps" in detail:
             detail["steps"] = [
                 {"process": st["process"], "start_s": round(st["t0"] - fault.start, 3),
-                 "back_s": round(st["t1"] - st["t0"], 3)} for st in steps
+                 "back_s": round(st["t1"] - st["t0"], 3)} for st in detail["steps"]
             ]  # fmt: skip
-        entry["details"].append(detail)
+        e["details"].append(detail)
+        for name in outcome.names:
+            held = owners.get(name) == fault.target
+            for what, times in (("ingest", acks[name]), ("query", reads[name])):
+                gap = unavailability(times, fault.start, fault.end)
+                cuts = gaps_longer(times, fault.start, fault.end, INTERRUPTION_S)
+                e.setdefault(f"{what}_unavailable", []).append(gap)
+                e.setdefault(f"{what}_interruptions", []).append(float(len(cuts)))
+                e.setdefault(f"{what}_interruption_s", []).extend(cuts)
+                if held:
+                    e.setdefault(f"{what}_unavailable_held", []).append(gap)
+            e.setdefault("moves", []).append(
+                float(outcome.owners.moves(name, fault.start, fault.end))
+            )
+        e["latency"] += [a.acked - a.sent for a in outcome.acks
+                         if fault.start <= a.acked <= fault.end]  # fmt: skip
+        e["server_errors"] += sum(fault.start <= t <= fault.end
+                                  for t, _ in outcome.server_errors)  # fmt: skip
     quiet = [
         a.acked - a.sent
         for a in outcome.acks
@@ -818,23 +902,13 @@ def measure(outcome: Outcome) -> dict[str, Any]:
     ]
     kinds: dict[str, Any] = {}
     for kind, e in by_kind.items():
-        kinds[kind] = {
-            "faults": e["faults"],
-            "unavailable_s": quantiles(e["unavailable"]),
-            "ack_latency_s": quantiles(e["latency"]),
-            "server_errors": e["server_errors"],
-            # per (fault, model): stretches over INTERRUPTION_S without an acknowledgement
-            "interruptions_per_model": quantiles([float(c) for c in e["counts"]]),
-            "details": e["details"],
-        }
-        if kind in ("service_kill", "service_pause"):
-            kinds[kind]["unavailable_held_s"] = quantiles(e["held"])
-        if kind == "rolling_restart":
-            kinds[kind]["interruptions_s"] = quantiles(e["interruptions"])
-            kinds[kind]["interruptions_per_model_and_restart"] = round(
-                len(e["interruptions"]) / max(1, e["faults"] * len(outcome.names)), 2
-            )
-            kinds[kind]["owner_changes_per_model"] = quantiles([float(m) for m in e["moves"]])
+        kinds[kind] = {"faults": e["faults"], "server_errors": e["server_errors"],
+                       "ack_latency_s": quantiles(e["latency"])}  # fmt: skip
+        for key in ("ingest_unavailable", "query_unavailable", "ingest_unavailable_held",
+                    "query_unavailable_held", "ingest_interruptions", "query_interruptions",
+                    "ingest_interruption_s", "query_interruption_s", "moves"):  # fmt: skip
+            kinds[kind][key] = quantiles(e.get(key, []))
+        kinds[kind]["details"] = e["details"]
     return {
         "kinds": kinds,
         # a dead owner's leases and heartbeat expire within the TTL; the survivors' next
@@ -843,6 +917,7 @@ def measure(outcome: Outcome) -> dict[str, Any]:
         "ack_latency_without_fault_s": quantiles(quiet),
         "acknowledged_batches": len(outcome.acks),
         "acknowledged_samples": sum(a.hi - a.lo for a in outcome.acks),
+        "served_reads": sum(len(r) for r in outcome.reads.values()),
         "statuses": outcome.statuses,
         "server_errors": len(outcome.server_errors),
         "rewritten_entries": outcome.rewritten,

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.chaos.engine import KINDS, Ack, Config, Harness, Outcome, alive, check, run
+from tests.chaos.engine import KINDS, Ack, Config, Harness, Outcome, OwnerWatch, alive, check, run
 
 SHORT = Config(seed=7, faults=len(KINDS), services=2, masters=3, models=4)
 
@@ -67,7 +67,8 @@ def outcome_of(acked: list[tuple[int, int]], logged: list[int], served_version: 
     return Outcome(
         config, ["m"], {"m": (X, y)},
         [Ack("m", lo, lo + 2, first, first + 1, 0.0, 0.0) for lo, first in acked],
-        [], [], {}, {"m": log}, 0, {"m": [("p", version, learner.L)]}, [], [], 0.0, 1.0,
+        [], [], {}, {"m": []}, OwnerWatch(None, ["m"]), {"m": log}, 0,  # type: ignore[arg-type]
+        {"m": [("p", version, learner.L)]}, [], [], 0.0, 1.0,
     )  # fmt: skip
 
 
