@@ -113,7 +113,7 @@ def report(data: dict[str, Any]) -> list[str]:
         "tries the next process at once), from the fault's start until every model is written "
         "and read again. Held: the models the faulted process held when the fault began. Ack "
         "latency: first attempt to acknowledgement, retries included, of the writes "
-        "acknowledged in the faults' windows. Interruptions: stretches over 0.3 s without a "
+        "acknowledged in the faults' windows. Interruptions: stretches over 0.5 s without a "
         "served read, per fault and model. Moves: lease hand-overs per fault and model.",
         "",
         "| fault | n | ingest unavailable | query unavailable | query unavailable (held) | "

@@ -88,15 +88,24 @@ def test_the_checker_finds_a_sample_logged_twice() -> None:
 
 
 def test_the_checker_finds_a_gap_and_a_stale_metric() -> None:
-    gap = outcome_of([(0, 1)], [0, 1, 2, 3])
-    del gap.log["m"][4]
-    gap.log["m"][6] = gap.log["m"].pop(2)  # seqs 5..6 after nothing
-    assert any("follows seq 0" in p for p in check(gap))
+    gap = outcome_of([(0, 1)], [0, 1, 2, 3, 4, 5])
+    del gap.log["m"][4]  # seqs 3..4: in no entry, no acknowledgement covers them
+    assert any("seqs [3, 4] (2) are in no entry" in p for p in check(gap)), check(gap)
     stale = check(outcome_of([(0, 1)], [0, 1, 2, 3], served_version=2))
     assert any("serves version 2, the log has 4" in p for p in stale), stale
     wrong = outcome_of([(0, 1)], [0, 1])
     wrong.served["m"] = [("p", 2, np.eye(wrong.config.dim))]
     assert any("not the log's replay" in p for p in check(wrong))
+
+
+def test_an_entry_the_recorder_missed_is_vouched_for_by_the_served_metric() -> None:
+    missed = outcome_of([(0, 1), (2, 3), (4, 5)], [0, 1, 2, 3, 4, 5])
+    del missed.log["m"][4]  # trimmed before the recorder read it; L was learned with it
+    assert check(missed) == [] and missed.unrecorded == {"m": 1}
+    lost = outcome_of([(0, 1), (2, 3), (4, 5)], [0, 1, 4, 5], served_version=6)  # learned without
+    lost.log["m"] = {2: lost.log["m"][2], 6: lost.log["m"][4]}
+    problems = check(lost)
+    assert any("1 acknowledged entries never seen in the log: lost" in p for p in problems)
 
 
 def test_the_checker_counts_500s_and_live_processes() -> None:
