@@ -9,8 +9,11 @@ once:
 * **Workload**: one writer thread per model sends batches through the SDK
   (:class:`clients.OPMLClient`, its own bounded retries of 503s and dropped connections), each
   batch with an ``Idempotency-Key`` of its own; when the SDK gives up on one process the writer
-  tries the next one with the same key, until the batch is acknowledged. A reader thread asks
-  for models' metrics meanwhile. Every answer with status 500 is recorded (endpoint, detail).
+  tries the next one with the same key, until the batch is acknowledged. A reader per model asks
+  for its metric every 0.1 s, through the next process when one fails (any process appends to
+  any model's log, so only a read shows whether the model is served). Every answer with status
+  500 is recorded (endpoint, detail), with the unhandled errors in the services' logs.
+* **Owner watch**: polls every model's lease holder and keeps each hand-over.
 * **Recorder**: one thread per model follows the model's Redis stream (``XREAD BLOCK``) and
   keeps every entry it sees, because checkpoints trim the log behind them (the run sets the
   checkpoint thresholds out of reach, so trims happen only at hand-overs and graceful stops;
@@ -24,17 +27,20 @@ once:
   ``full_restart`` (kill -9 of every process, then all started again).
 
 The **checker** (:func:`check`) then asks, per model: the log (recorded and what is left in
-Redis) has seqs 1..n without a gap; every acknowledged batch is in it once, at the seqs it was
+Redis) covers seqs 1..n; every acknowledged batch is in it once, at the seqs it was
 acknowledged with, row for row; no sample is logged twice and none that was never sent; the
-metric every process serves (``min_version`` = n) equals the core learner
-(:class:`service.core.Learner`) replaying the log; no answer was a 500; no process started by
-the run is still running. The schedule and the data depend only on the seed; the timing does
-not, and the checker's verdict must not either.
+metric every process serves (``min_version`` = n) equals exactly the core learner
+(:class:`service.core.Learner`) replaying the log (which also vouches for an entry the recorder
+missed: :func:`check_model`); no answer was a 500; no process started by the run is still
+running. The schedule and the data depend only on the seed; the timing does not, and the
+checker's verdict must not either.
 
-The **measurement** (:func:`measure`): per fault, per model, the unavailability (the longest
-stretch without an acknowledgement that overlaps the fault, from the later of the fault's start
-and the last acknowledgement before it) and the latency of the acknowledgements in the fault's
-window (from a batch's first attempt to its acknowledgement, retries included).
+The **measurement** (:func:`measure`): per fault, per model, the unavailability of writes and
+of reads (the longest stretch without an acknowledgement, or without a served read, that
+overlaps the fault, counted from the fault's start at the earliest), the stretches over
+:data:`INTERRUPTION_S`, the model's moves between processes, and the latency of the
+acknowledgements in the fault's window (from a batch's first attempt to its acknowledgement,
+retries included).
 
 Command line (the short check, or a long measurement with the report on stdout)::
 
@@ -56,6 +62,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -169,6 +176,7 @@ class Outcome:
     served: dict[str, list[tuple[str, int, np.ndarray | None]]]  # model -> (process, version, L)
     pids: list[int]
     log_excerpts: list[str]
+    documents: dict[str, str]  # model -> its document at the end (see model_documents)
     started: float
     ended: float
     #: Per model: acknowledged entries the recorder never saw (set by :func:`check`).
@@ -657,6 +665,23 @@ def served_metrics(
     return out
 
 
+def model_documents(harness: Harness, names: list[str]) -> dict[str, str]:
+    """Each model's document as the first process that answers gives it (version, logged seq,
+    checkpoint, owner): what a checker's finding about the model is read against."""
+    docs: dict[str, str] = {}
+    for name in names:
+        for svc in harness.services:
+            try:
+                answer = httpx.get(f"{svc.url}/v1/models/{name}", timeout=10)
+            except httpx.HTTPError:
+                continue
+            doc = answer.json() if answer.status_code == 200 else {}
+            keep = ("version", "logged_seq", "checkpoint", "owner", "staleness_s")
+            docs[name] = json.dumps({k: doc.get(k) for k in keep} | {"via": svc.url})
+            break
+    return docs
+
+
 #: A traceback's exception line (``redis.exceptions.ConnectionError: ...``).
 EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt)\b.*")
 
@@ -724,13 +749,14 @@ def run(config: Config, root: Path | None = None, harness: Harness | None = None
         recorder.final()
         versions = {n: max(recorder.log[n], default=0) for n in names}
         served = served_metrics(harness, names, versions)
+        documents = model_documents(harness, names)
         excerpts = server_error_lines(harness)
         pids = list(harness.pids)
         harness.close()
     return Outcome(
         config, names, workload.streams, workload.acks, nemesis.faults, workload.server_errors,
         workload.statuses, workload.reads, owners, recorder.log, recorder.rewritten, served,
-        pids, excerpts, started, ended,
+        pids, excerpts, documents, started, ended,
     )  # fmt: skip
 
 
@@ -795,7 +821,10 @@ def check_model(outcome: Outcome, k: int, name: str) -> list[str]:
         if version < 0:
             problems.append(f"{name}: {via} did not serve version {logged_seq} (the log's length)")
         elif version != logged_seq:
-            problems.append(f"{name}: {via} serves version {version}, the log has {logged_seq}")
+            problems.append(f"{name}: {via} serves version {version}, the log has {logged_seq} "
+                            f"(last entries {sorted(outcome.log[name])[-3:]}, last acknowledged "
+                            f"seqs {[(a.first_seq, a.last_seq) for a in acks[-2:]]}; the model: "
+                            f"{outcome.documents.get(name)})")  # fmt: skip
         elif L is None or not np.array_equal(L, learner.L):
             diff = "no L" if L is None else f"max |diff| {np.abs(L - learner.L).max():.3g}"
             if unrecorded:  # the acknowledged entries nobody saw are not what it learned

@@ -68,7 +68,7 @@ def outcome_of(acked: list[tuple[int, int]], logged: list[int], served_version: 
         config, ["m"], {"m": (X, y)},
         [Ack("m", lo, lo + 2, first, first + 1, 0.0, 0.0) for lo, first in acked],
         [], [], {}, {"m": []}, OwnerWatch(None, ["m"]), {"m": log}, 0,  # type: ignore[arg-type]
-        {"m": [("p", version, learner.L)]}, [], [], 0.0, 1.0,
+        {"m": [("p", version, learner.L)]}, [], [], {}, 0.0, 1.0,
     )  # fmt: skip
 
 
