@@ -1,0 +1,1 @@
+"""Benchmarks of speed, latency and availability."""
