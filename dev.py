@@ -5,7 +5,7 @@
     python3 dev.py test [pytest args]   # ruff, mypy, then the whole suite (its 15 slowest named)
     python3 dev.py test --quick [args]  # ruff, mypy, then the quick tier (well under 2 minutes)
     python3 dev.py bench [NAME [--quick]]  # run a benchmark (``bench --list`` names them)
-    python3 dev.py docs [--serve]       # build the docs site into site/ (mkdocs --strict), or serve it
+    python3 dev.py docs [--serve]       # build the docs site (mkdocs --strict) or serve it
     python3 dev.py lock [pip-compile args]  # refresh requirements/dev.lock (e.g. --upgrade)
 
 The virtual environment lives in ``.venv``, installed from the lock file

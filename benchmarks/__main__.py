@@ -53,6 +53,8 @@ BENCHMARKS = [
     Benchmark("first_start", "perf", "a newcomer's first `dev.py serve` on a fresh copy, beside "
               "--baseline REV (needs network for pip)", "10 min"),
     Benchmark("soak", "perf", "memory, log and lag over minutes at a fixed rate", "10 min"),
+    Benchmark("chaos", "perf", "seeded faults on a Redis Cluster under load: the checker's "
+              "verdict, unavailability and ack latency per fault kind", "10 min"),
     Benchmark("console_load", "perf", "service CPU with the web console open / closed, under "
               "paced ingestion (headless Chromium)", "3 min"),
     Benchmark("table2", "quality", "paper Table II: k-NN error, Euclidean vs OPML vs COPML",

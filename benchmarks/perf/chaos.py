@@ -29,10 +29,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.cli import parse
+from benchmarks.harness.results import result_stem
 from tests.chaos.engine import Config, check, measure, run
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "benchmarks" / "results" / "chaos"
 
 
 def commit() -> str:
@@ -167,10 +168,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--services", type=int, default=3)
     parser.add_argument("--masters", type=int, default=3)
     parser.add_argument("--models", type=int, default=6)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--out", type=Path, default=None, help="results stem (default: results/chaos)"
+    )
     parser.add_argument("--report-only", action="store_true",
                         help="write the .md again from the .json of the last run")  # fmt: skip
-    args = parser.parse_args(argv)
+    args = parse(parser, argv, {"faults": 3, "services": 2, "models": 2})
+    args.out = args.out or result_stem("chaos", args.quick)
     if args.report_only:
         data = json.loads(args.out.with_name(args.out.name + ".json").read_text())
         args.out.with_name(args.out.name + ".md").write_text("\n".join(report(data)))
