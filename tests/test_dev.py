@@ -111,7 +111,7 @@ def test_an_unknown_command_is_named_with_the_commands() -> None:
         [sys.executable, str(dev.ROOT / "dev.py"), "start"], capture_output=True, text=True
     )
     assert typo.returncode == 2
-    assert "dev.py: unknown command 'start'; the commands are serve, test, bench, lock" in (
+    assert "dev.py: unknown command 'start'; the commands are serve, test, bench, docs, lock" in (
         typo.stderr
     )
     helped = subprocess.run(
