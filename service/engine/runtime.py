@@ -218,6 +218,10 @@ class ModelRuntime:
             raise NotServedHere(self.name)
         return self.writer
 
+    def owned_writer(self) -> Writer:
+        """The writer that learns the model here (NotServedHere where another process does)."""
+        return self._writer()
+
     @property
     def gallery(self) -> Gallery:
         """The model's gallery (NotServedHere where another process learns the model)."""
