@@ -6,10 +6,11 @@
     opml models list | show faces | delete faces
     opml ingest data.csv --model faces [--label-column kind | --labels y.txt] [--resume-file r]
     opml distance faces --a 0,0,1 --b 0,1,0 [--b 1,0,0 ...] [--restricted]
-    opml verify faces --a 0,0,1 --b 0,1,0 [--threshold 0.5]
+    opml verify faces --a 0,0,1 --b 0,1,0 [--threshold 0.5 | --far 0.001 | --frr 0.01]
     opml gallery add gallery.csv --model faces [--id-column name | --ids ids.txt] [--batch 1000]
     opml gallery list faces | delete faces alice-0001
-    opml identify faces --x 0,0,1 [--k 5] [--threshold 0.5]
+    opml identify faces --x 0,0,1 [--k 5] [--threshold 0.5 | --far 0.001 | --frr 0.01]
+    opml roc faces [--points 20] [--delta 0.05] [--out roc.csv]
     opml metric export faces --format npy|json [-o L.npy]
     opml certificate faces [--delta 0.05] [--method binomial|kl|pac-bayes] [--threshold 2.5]
     opml events faces [--count 10]
@@ -309,15 +310,66 @@ def cmd_distance(args: argparse.Namespace, client: OPMLClient) -> int:
 
 def cmd_verify(args: argparse.Namespace, client: OPMLClient) -> int:
     v = client.verify(
-        args.model, args.a, args.b, threshold=args.threshold, min_version=args.min_version
+        args.model,
+        args.a,
+        args.b,
+        threshold=args.threshold,
+        min_version=args.min_version,
+        far=args.far,
+        frr=args.frr,
     )
-    _emit(
-        args,
-        v.raw,
+    human = (
         f"{'same' if v.same else 'different'}: squared distance "
         f"{v.squared_distance:.6g} vs threshold {v.threshold:.6g} "
-        f"({v.threshold_source or 'unknown source'}, version {v.version})",
+        f"({v.threshold_source or 'unknown source'}, version {v.version})"
     )
+    _emit(args, v.raw, human + _point_text(v.operating_point))
+    return EXIT_OK
+
+
+def _point_text(point: dict[str, Any] | None) -> str:
+    """A certified operating point in a line (empty without one)."""
+    if point is None:
+        return ""
+    return (
+        f"\ncertified at delta {point['delta']:g}: false accept rate <= "
+        f"{point['far_bound']:.4g} (estimate {point['far_estimate']:.4g} on "
+        f"{point['negatives']} pairs), false reject rate <= {point['frr_bound']:.4g} "
+        f"(estimate {point['frr_estimate']:.4g} on {point['positives']} pairs)"
+    )
+
+
+def _cell(value: float | None) -> str:
+    return f"{'-':>9}" if value is None else f"{value:9.4g}"
+
+
+def cmd_roc(args: argparse.Namespace, client: OPMLClient) -> int:
+    curve = client.roc(
+        args.model, points=args.points, delta=args.delta, min_version=args.min_version
+    )
+    if args.out is not None:
+        text = client.roc(
+            args.model, points=args.points, delta=args.delta, min_version=curve["version"],
+            csv=True,
+        )  # fmt: skip
+        args.out.write_text(text)
+    header = (
+        f"{'threshold':>12} {'far':>9} {'far<=':>9} {'frr':>9} {'frr<=':>9} "
+        f"{'window far':>10} {'window frr':>10}"
+    )
+    rows = [
+        f"{p['threshold']:12.6g} {p['far_estimate']:9.4g} {p['far_bound']:9.4g} "
+        f"{p['frr_estimate']:9.4g} {p['frr_bound']:9.4g} {_cell(p['window_far']):>10} "
+        f"{_cell(p['window_frr']):>10}"
+        for p in curve["points"]
+    ]
+    footer = (
+        f"(version {curve['version']}, {curve['negatives']} negative and {curve['positives']} "
+        f"positive held-out pairs; bounds hold together with prob. >= {1 - curve['delta']:g})"
+    )
+    if args.out is not None:
+        footer += f"\nwritten to {args.out}"
+    _emit(args, curve, "\n".join([header, *rows, footer]))
     return EXIT_OK
 
 
@@ -360,17 +412,25 @@ def cmd_gallery(args: argparse.Namespace, client: OPMLClient) -> int:
 
 def cmd_identify(args: argparse.Namespace, client: OPMLClient) -> int:
     found = client.identify(
-        args.model, args.x, k=args.k, threshold=args.threshold, min_version=args.min_version
+        args.model,
+        args.x,
+        k=args.k,
+        threshold=args.threshold,
+        min_version=args.min_version,
+        far=args.far,
+        frr=args.frr,
     )
     lines = [
         f"{m.id!s:<24} squared distance {m.squared_distance:<12.6g} "
         f"{'same' if m.same else 'different'}" + ("" if m.y is None else f"  y={m.y}")
         for m in found.matches
     ]
+    if found.unknown:
+        lines.append("unknown: no gallery item passes the threshold")
     lines.append(
         f"(version {found.version}, threshold {found.threshold:.6g}: {found.threshold_source})"
     )
-    _emit(args, found.raw, "\n".join(lines))
+    _emit(args, found.raw, "\n".join(lines) + _point_text(found.operating_point))
     return EXIT_OK
 
 
@@ -469,6 +529,20 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
         help="retries of transient failures (503, dropped connections)",
     )
     return p
+
+
+def _decision_options(parser: argparse.ArgumentParser) -> None:
+    """``--threshold`` or a target rate (``--far`` / ``--frr``): at most one."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--threshold", type=float, help="squared-distance threshold (default: the model's)"
+    )
+    group.add_argument(
+        "--far",
+        type=float,
+        help="target false-accept rate in (0, 0.5): the threshold certified to stay below it",
+    )
+    group.add_argument("--frr", type=float, help="target false-reject rate in (0, 0.5)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -592,9 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add the restricted distance D_R in [0, 1) (a brm model always adds it)",
     )
-    sub.choices["verify"].add_argument(
-        "--threshold", type=float, help="squared-distance threshold (default: the model's)"
-    )
+    _decision_options(sub.choices["verify"])
 
     gallery = sub.add_parser("gallery", help="enrol, list, delete gallery items")
     gallery_actions = gallery.add_subparsers(dest="action", required=True)
@@ -617,9 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
     identify.add_argument("model", help="model name")
     identify.add_argument("--x", type=_vector, required=True, help="the query vector, e.g. 1,0,2")
     identify.add_argument("--k", type=int, default=1, help="matches (default 1)")
-    identify.add_argument(
-        "--threshold", type=float, help="threshold of 'same' (default: the model's)"
-    )
+    _decision_options(identify)
     identify.add_argument(
         "--min-version", type=int, help="answer once the model has applied this seq"
     )
@@ -643,6 +713,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cert.add_argument("--min-version", type=int, help="certify once the model applied this seq")
     cert.set_defaults(run=cmd_certificate)
+
+    roc = sub.add_parser(
+        "roc", help="the held-out ROC: thresholds, estimated and certified rates", parents=[common]
+    )
+    roc.add_argument("model", help="model name")
+    roc.add_argument("--points", type=int, default=20, help="thresholds (default 20)")
+    roc.add_argument(
+        "--delta", type=float, default=0.05, help="the bounds hold with prob. >= 1 - delta"
+    )
+    roc.add_argument("--out", type=Path, help="also write the curve as CSV to this file")
+    roc.add_argument("--min-version", type=int, help="once the model has applied this seq")
+    roc.set_defaults(run=cmd_roc)
 
     metric = sub.add_parser("metric", help="export L")
     metric_actions = metric.add_subparsers(dest="action", required=True)

@@ -311,6 +311,13 @@ class Verdict:
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     threshold_source: str | None = None
 
+    @property
+    def operating_point(self) -> dict[str, Any] | None:
+        """With a ``far`` / ``frr`` target: ``{target, threshold, far_estimate, far_bound,
+        frr_estimate, frr_bound, negatives, positives, delta, version, ...}``."""
+        point: dict[str, Any] | None = self.raw.get("operating_point")
+        return point
+
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Verdict:
         source = doc.get("threshold_source")
