@@ -270,6 +270,27 @@ def peek(writer: Writer, target: Target) -> OperatingPoint | None:
     return None
 
 
+def observed(writer: Writer, config_point: Any) -> dict[str, Any]:
+    """For the model's status (gauges, alert): the newest cached point of the configured
+    target and whether it is certifiable (nothing for ``"eer"``). Never computes; from the
+    event loop, starts the background refresh when the cache is behind the model (so a model
+    nobody queries still has current gauges)."""
+    target = target_of(None, None, config_point)
+    if target is None:
+        return {}
+    cache = cache_of(writer)
+    with contextlib.suppress(RuntimeError):  # no running loop: a status read off the loop
+        asyncio.get_running_loop()
+        cache._refresh_soon(writer.board.current.version)
+    entry = cache.newest
+    if entry is None:
+        return {}
+    try:
+        return {"operating_point": point_of(entry, target), "certifiable": True}
+    except NotCertifiable:
+        return {"operating_point": None, "certifiable": False}
+
+
 def wire(point: OperatingPoint) -> dict[str, Any]:
     """An operating point as answers carry it."""
     return {

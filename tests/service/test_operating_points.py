@@ -15,7 +15,8 @@ import numpy as np
 from service.core import Learner, LearnerConfig
 from service.core.calibration import in_order
 from service.core.operating_points import held_out_pairs, operating_point, roc
-from tests.service.support import assert_problem, make_model, stream
+from tests.service.support import assert_problem, make_model, scrape, series, stream
+from tests.service.test_scale_out import eventually
 
 D = 4
 CONFIG: dict[str, Any] = {"gamma": 0.02, "seed": 3, "holdout": 0.3, "holdout_window": 3000}
@@ -190,3 +191,37 @@ def test_brm_verify_is_certified_on_its_restricted_distance(api: httpx.Client, n
     refused = api.post(f"/v1/models/{name}/identify", json={"x": X[1].tolist(), "far": 0.1})
     problem = assert_problem(refused, 422)
     assert "algorithm" in json.dumps(problem)
+
+
+def test_gauges_of_the_configured_operating_point(api: httpx.Client, name: str) -> None:
+    """The gauges follow the cache without any verify: the status read of a scrape starts the
+    background refresh; a target the held-out samples cannot certify shows certified 0."""
+    X, y = stream(N, D, 4, seed=25)
+    make_model(api, name, D, **CONFIG, operating_point={"far": 0.05})
+    strict = name + "-strict"
+    make_model(api, strict, D, **CONFIG, operating_point={"far": 0.0001})
+    for model in (name, strict):
+        feed(api, model, X, y)
+        api.get(f"/v1/models/{model}/metric", params={"min_version": N})
+
+    def current() -> Any:
+        samples = scrape(api)
+        version = series(samples, "opml_operating_point_version", model=name)
+        certified = series(samples, "opml_operating_point_certified", model=strict)
+        done = version and max(version.values()) == N and certified
+        return samples if done else None
+
+    samples = eventually(current)
+    expected = operating_point(core_pairs(X, y, **CONFIG), far=0.05)
+    for gauge, value in (
+        ("opml_operating_point_threshold", expected.threshold),
+        ("opml_operating_point_far_bound", expected.far_bound),
+        ("opml_operating_point_frr_estimate", expected.frr_estimate),
+        ("opml_operating_point_certified", 1.0),
+    ):
+        assert list(series(samples, gauge, model=name).values()) == [value], gauge
+    assert list(
+        series(samples, "opml_operating_point_target", model=name, rate="far").values()
+    ) == [0.05]
+    assert list(series(samples, "opml_operating_point_certified", model=strict).values()) == [0.0]
+    assert not series(samples, "opml_operating_point_threshold", model=strict)
