@@ -99,6 +99,9 @@ class _Entry:
     pairs: HeldOutPairs | None
     error: Exception | None
     points: OrderedDict[Target, OperatingPoint | Exception]
+    #: The model's version when the reservoir was copied (a refusal older than the model
+    #: may have been lifted by held-out samples that came since).
+    copied_at: int = -1
 
 
 class OperatingCache:
@@ -107,7 +110,6 @@ class OperatingCache:
     def __init__(self, writer: Writer) -> None:
         self._writer = weakref.ref(writer)
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
-        self._reservoir: tuple[Array, NDArray[np.int64], int] | None = None
         self._refresh: asyncio.Task[None] | None = None
         self._started = -np.inf
         self._one = asyncio.Lock()
@@ -116,25 +118,33 @@ class OperatingCache:
     def newest(self) -> _Entry | None:
         return next(reversed(self._entries.values())) if self._entries else None
 
-    async def _evaluate(self, snapshot: Snapshot | None) -> _Entry:
+    async def _evaluate(self, snapshot: Snapshot | None, again: bool = False) -> _Entry:
         """Copy the reservoir (from the writer) and evaluate ``snapshot`` (default: the
-        snapshot the copy was taken at) in the worker thread; cache the entry."""
+        snapshot the copy was taken at) in the worker thread; cache the entry (``again``:
+        replace a cached one)."""
         async with self._one:
             writer = self._writer()
             if writer is None:
                 raise NotCertifiable("the model moved or closed while evaluating")
-            if snapshot is None or self._reservoir is None:
-                current, holdout = await writer.frozen_holdout()
-                X, labels, _ = holdout.reservoir.samples()
-                self._reservoir = (X, labels, holdout.reservoir.total)
-                snapshot = snapshot or current
-            cached = self._entries.get(snapshot.version)
-            if cached is not None:
+            if (
+                snapshot is not None
+                and not again
+                and (cached := self._entries.get(snapshot.version))
+            ):
                 return cached
-            X, labels, stream = self._reservoir
+            # A fresh copy each time (a few MB at most): an older copy may lack the held-out
+            # samples that arrived since, which any version may be certified on.
+            current, holdout = await writer.frozen_holdout()
+            X, labels, _ = holdout.reservoir.samples()
+            stream = holdout.reservoir.total
+            snapshot = snapshot or current
+            cached = self._entries.get(snapshot.version)
+            if cached is not None and not (again and cached.copied_at < current.version):
+                return cached
             entry = await asyncio.get_running_loop().run_in_executor(
                 _THREADS, _pairs_entry, snapshot, X, labels, stream
             )
+            entry.copied_at = current.version
             self._entries[snapshot.version] = entry
             self._entries.move_to_end(snapshot.version)
             while len(self._entries) > KEEP:
@@ -166,7 +176,12 @@ class OperatingCache:
         waits for an evaluation only when there is none yet or it is older than
         ``min_version``."""
         entry = self.newest
-        if entry is None or (min_version is not None and entry.snapshot.version < min_version):
+        behind = entry is not None and entry.snapshot.version < newest.version
+        if (
+            entry is None
+            or (min_version is not None and entry.snapshot.version < min_version)
+            or (behind and entry.pairs is None)  # a refusal may be stale: never serve it
+        ):
             entry = await self._evaluate(None)
         self._refresh_soon(newest.version)
         return entry
@@ -176,6 +191,8 @@ class OperatingCache:
         entry = self._entries.get(snapshot.version)
         if entry is None:
             entry = await self._evaluate(snapshot)
+        elif entry.pairs is None and entry.copied_at < newest.version:
+            entry = await self._evaluate(snapshot, again=True)  # held-out samples came since
         self._refresh_soon(newest.version)
         return entry
 
