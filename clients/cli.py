@@ -162,6 +162,9 @@ def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
                 *GRADIENT,
             )
         }
+        for extra in ("holdout", "operating_point"):  # sent only when given
+            if getattr(args, extra) is not None:
+                options[extra] = getattr(args, extra)
         model = client.create_model(args.name, args.dim, **options)
         _emit(args, model.raw, f"created {_model_line(model)}")
     elif args.action == "list":
@@ -531,6 +534,19 @@ def _common(suppress: bool) -> argparse.ArgumentParser:
     return p
 
 
+def _operating_point(text: str) -> str | dict[str, float]:
+    """``eer``, ``far=X`` or ``frr=X`` (the service checks the range)."""
+    if text == "eer":
+        return text
+    kind, _, value = text.partition("=")
+    try:
+        if kind in ("far", "frr"):
+            return {kind: float(value)}
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected eer, far=X or frr=X, got {text!r}")
+
+
 def _decision_options(parser: argparse.ArgumentParser) -> None:
     """``--threshold`` or a target rate (``--far`` / ``--frr``): at most one."""
     group = parser.add_mutually_exclusive_group()
@@ -618,6 +634,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     create.add_argument(
         "--lam", type=float, help="sgd/sgd_psd/brm: decay lambda >= 0 with 2 eta lam < 1"
+    )
+    create.add_argument(
+        "--holdout", type=float, help="fraction in [0, 0.5] of samples held out (never learned)"
+    )
+    create.add_argument(
+        "--operating-point",
+        type=_operating_point,
+        help="what plain verify uses: eer (default), far=X or frr=X (a certified target rate)",
     )
     actions.add_parser("list", parents=[common], help="list the models")
     for action, helptext in (("show", "show a model"), ("delete", "delete a model and its state")):

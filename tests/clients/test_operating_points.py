@@ -61,3 +61,13 @@ def test_sdk_and_cli_by_target_rate(
     assert lines[0].split()[:3] == ["threshold", "far", "far<="] and len(lines) == 1 + 9 + 2
     first = curve["points"][0]
     assert lines[1].split()[0] == f"{first['threshold']:.6g}"
+
+    created = opml(service, "models", "create", f"{name}-op", "--dim", "3", "--holdout", "0.2",
+                   "--operating-point", "far=0.01", "--json")  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["operating_point"] == {"far": 0.01}
+    assert json.loads(created.stdout)["holdout"] == 0.2
+    bad = opml(
+        service, "models", "create", f"{name}-bad", "--dim", "3", "--operating-point", "tar=1"
+    )
+    assert bad.returncode == 2
