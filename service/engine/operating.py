@@ -13,13 +13,15 @@ both for the latest snapshots it evaluated:
   decides with the gallery's snapshot, and the cache evaluates that snapshot's metric when it
   has not yet (once per version). Any version may be certified on the current reservoir copy:
   held-out samples are never learned by any version, so they are independent of every ``L``.
-* **Refresh.** A request that finds the cache older than the model's newest snapshot starts
-  one background refresh (at most one running, at most one start per :data:`REFRESH_S`) and
-  is answered from the cache; only a request with ``min_version`` beyond the cache, or the
-  first one, waits for the computation. The work runs in one dedicated thread (the cores
-  belong to the learners).
-* **Refusals** (too few held-out samples, an empty calibration window) are cached as well
-  until the next version, so a burst of refused requests costs nothing either.
+* **Refresh.** A request (or a status read: model document, ``/events``, a scrape) that finds
+  the cache older than the model's newest snapshot starts one background refresh (at most one
+  running; starts at least :data:`REFRESH_S` and :data:`REFRESH_DUTY` times the last
+  evaluation's duration apart) and is answered from the cache; only a request with
+  ``min_version`` beyond the cache, or the first one, waits for the computation. The work runs
+  in one dedicated thread (the cores belong to the learners).
+* **Refusals** (too few held-out samples, an empty calibration window) are cached as well, so
+  a burst of refused requests costs nothing; a refusal older than the model is never served
+  (held-out samples that came since may lift it): that request waits for an evaluation.
 """
 
 from __future__ import annotations
@@ -56,8 +58,11 @@ log = logging.getLogger(__name__)
 
 #: One thread: the evaluations are short and CPU-bound.
 _THREADS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opml-operating-point")
-#: Fewest seconds between the starts of two background refreshes of one model.
+#: Fewest seconds between the starts of two background refreshes of one model ...
 REFRESH_S = 1.0
+#: ... and at least this many times the last evaluation's duration: at d = 1024 an evaluation
+#: of 5,000 held-out samples is ~5 GFLOP, which must not take the learners' cores.
+REFRESH_DUTY = 20.0
 #: Snapshots whose pairs are kept (the newest verify's, a gallery's older one).
 KEEP = 3
 #: Targets whose operating points are kept per snapshot.
@@ -112,6 +117,7 @@ class OperatingCache:
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._refresh: asyncio.Task[None] | None = None
         self._started = -np.inf
+        self._cost = 0.0  # seconds the last evaluation took
         self._one = asyncio.Lock()
 
     @property
@@ -141,9 +147,11 @@ class OperatingCache:
             cached = self._entries.get(snapshot.version)
             if cached is not None and not (again and cached.copied_at < current.version):
                 return cached
+            began = time.monotonic()
             entry = await asyncio.get_running_loop().run_in_executor(
                 _THREADS, _pairs_entry, snapshot, X, labels, stream
             )
+            self._cost = time.monotonic() - began
             entry.copied_at = current.version
             self._entries[snapshot.version] = entry
             self._entries.move_to_end(snapshot.version)
@@ -157,9 +165,8 @@ class OperatingCache:
         if entry is not None and entry.snapshot.version >= newest_version:
             return
         now = time.monotonic()
-        if (
-            self._refresh is not None and not self._refresh.done()
-        ) or now - self._started < REFRESH_S:
+        running = self._refresh is not None and not self._refresh.done()
+        if running or now - self._started < max(REFRESH_S, REFRESH_DUTY * self._cost):
             return
         self._started = now
 
