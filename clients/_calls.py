@@ -172,12 +172,27 @@ def _distances(response: httpx.Response) -> Distances:
     return Distances.from_json(response.json())
 
 
+def _decision(
+    body: dict[str, Any], threshold: float | None, far: float | None, frr: float | None
+) -> dict[str, Any]:
+    """``threshold`` or a target rate ``far`` / ``frr`` (the service refuses two at once)."""
+    for key, value in (("threshold", threshold), ("far", far), ("frr", frr)):
+        if value is not None:
+            body[key] = float(value)
+    return body
+
+
 def verify(
-    name: str, a: Any, b: Any, threshold: float | None, min_version: int | None
+    name: str,
+    a: Any,
+    b: Any,
+    threshold: float | None,
+    min_version: int | None,
+    far: float | None = None,
+    frr: float | None = None,
 ) -> Call[Verdict]:
     body: dict[str, Any] = {"a": vector(a, "a"), "b": vector(b, "b")}
-    if threshold is not None:
-        body["threshold"] = float(threshold)
+    _decision(body, threshold, far, frr)
     return Call(
         "POST",
         model_path(name, "/verify"),
@@ -227,6 +242,24 @@ def put_metric(name: str, L: Any) -> Call[Model]:
         model_path(name, "/metric"),
         lambda r: Model.from_json(r.json()),
         {"L": matrix(L, "L")},
+    )
+
+
+def roc(name: str, points: int, delta: float, min_version: int | None) -> Call[dict[str, Any]]:
+    """The held-out ROC (JSON: ``points`` of threshold, estimates and bounds)."""
+    params = {"points": int(points), "delta": float(delta), **_version_params(min_version)}
+    return Call("GET", model_path(name, "/roc"), _json_of, params=params)
+
+
+def roc_csv(name: str, points: int, delta: float, min_version: int | None) -> Call[str]:
+    """The held-out ROC as CSV text (one header line, one line per threshold)."""
+    params = {"points": int(points), "delta": float(delta), **_version_params(min_version)}
+    return Call(
+        "GET",
+        model_path(name, "/roc"),
+        lambda r: r.text,
+        params=params,
+        headers={"Accept": "text/csv"},
     )
 
 
@@ -293,11 +326,16 @@ def _enrolled(response: httpx.Response) -> Enrolled:
 
 
 def identify(
-    name: str, x: Any, k: int, threshold: float | None, min_version: int | None
+    name: str,
+    x: Any,
+    k: int,
+    threshold: float | None,
+    min_version: int | None,
+    far: float | None = None,
+    frr: float | None = None,
 ) -> Call[Identified]:
     body: dict[str, Any] = {"x": vector(x, "x"), "k": int(k)}
-    if threshold is not None:
-        body["threshold"] = float(threshold)
+    _decision(body, threshold, far, frr)
     return Call(
         "POST",
         model_path(name, "/identify"),
@@ -314,16 +352,19 @@ def identify_many(
     threshold: float | None,
     min_version: int | None,
     binary: bool | None = None,
+    far: float | None = None,
+    frr: float | None = None,
 ) -> Call[IdentifiedMany]:
     """Several vectors; ``binary`` None: an ``.npz`` body and answer when ``X`` is a 2-D numpy
-    array of at least :data:`BINARY_GALLERY_VALUES` values, else JSON."""
+    array of at least :data:`BINARY_GALLERY_VALUES` values, else JSON (always JSON with a
+    target rate ``far`` / ``frr``)."""
     if binary is None:
         binary = isinstance(X, np.ndarray) and X.ndim == 2 and X.size >= BINARY_GALLERY_VALUES
+    binary = binary and far is None and frr is None
     params = _version_params(min_version)
     if not binary:
         body: dict[str, Any] = {"xs": matrix(X, "X"), "k": int(k)}
-        if threshold is not None:
-            body["threshold"] = float(threshold)
+        _decision(body, threshold, far, frr)
         parse = IdentifiedMany.from_json
         return Call("POST", model_path(name, "/identify"), lambda r: parse(r.json()), body, params)
     params["k"] = int(k)

@@ -85,6 +85,9 @@ def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
                 *GRADIENT,
             )
         }
+        for extra in ("holdout", "operating_point"):  # sent only when given
+            if getattr(args, extra) is not None:
+                options[extra] = getattr(args, extra)
         model = client.create_model(args.name, args.dim, **options)
         _emit(args, model.raw, f"created {_model_line(model)}")
     elif args.action == "list":
@@ -249,7 +252,13 @@ def cmd_verify(args: argparse.Namespace, client: OPMLClient) -> int:
     """The decision in the threshold's unit (a squared distance; a brm model decides on the
     restricted one), the plain distance beside it."""
     v = client.verify(
-        args.model, args.a, args.b, threshold=args.threshold, min_version=args.min_version
+        args.model,
+        args.a,
+        args.b,
+        threshold=args.threshold,
+        min_version=args.min_version,
+        far=args.far,
+        frr=args.frr,
     )
     restricted = v.raw.get("restricted_squared_distance")
     decided, unit = (
@@ -263,8 +272,59 @@ def cmd_verify(args: argparse.Namespace, client: OPMLClient) -> int:
         f"{'same' if v.same else 'different'}: {unit} {decided:.6g} "
         f"{'<=' if v.same else '>'} threshold {v.threshold:.6g} "
         f"(distance {v.squared_distance**0.5:.6g}; threshold from "
-        f"{v.threshold_source or 'an unnamed source'}, version {v.version})",
+        f"{v.threshold_source or 'an unnamed source'}, version {v.version})"
+        + _point_text(v.operating_point),
     )
+    return EXIT_OK
+
+
+def _point_text(point: dict[str, Any] | None) -> str:
+    """A certified operating point in a line (empty without one)."""
+    if point is None:
+        return ""
+    return (
+        f"\ncertified at delta {point['delta']:g}: false accept rate <= "
+        f"{point['far_bound']:.4g} (estimate {point['far_estimate']:.4g} on "
+        f"{point['negatives']} pairs), false reject rate <= {point['frr_bound']:.4g} "
+        f"(estimate {point['frr_estimate']:.4g} on {point['positives']} pairs)"
+    )
+
+
+def _cell(value: float | None) -> str:
+    return f"{'-':>9}" if value is None else f"{value:9.4g}"
+
+
+def cmd_roc(args: argparse.Namespace, client: OPMLClient) -> int:
+    """The held-out ROC as a table; ``--out`` also writes it as CSV."""
+    curve = client.roc(
+        args.model, points=args.points, delta=args.delta, min_version=args.min_version
+    )
+    if args.out is not None:
+        text = client.roc(
+            args.model,
+            points=args.points,
+            delta=args.delta,
+            min_version=curve["version"],
+            csv=True,
+        )
+        args.out.write_text(text)
+    header = (
+        f"{'threshold':>12} {'far':>9} {'far<=':>9} {'frr':>9} {'frr<=':>9} "
+        f"{'window far':>10} {'window frr':>10}"
+    )
+    rows = [
+        f"{p['threshold']:12.6g} {p['far_estimate']:9.4g} {p['far_bound']:9.4g} "
+        f"{p['frr_estimate']:9.4g} {p['frr_bound']:9.4g} {_cell(p['window_far']):>10} "
+        f"{_cell(p['window_frr']):>10}"
+        for p in curve["points"]
+    ]
+    footer = (
+        f"(version {curve['version']}, {curve['negatives']} negative and {curve['positives']} "
+        f"positive held-out pairs; bounds hold together with prob. >= {1 - curve['delta']:g})"
+    )
+    if args.out is not None:
+        footer += f"\nwritten to {args.out}"
+    _emit(args, curve, "\n".join([header, *rows, footer]))
     return EXIT_OK
 
 
@@ -307,18 +367,26 @@ def cmd_gallery(args: argparse.Namespace, client: OPMLClient) -> int:
 
 def cmd_identify(args: argparse.Namespace, client: OPMLClient) -> int:
     found = client.identify(
-        args.model, args.x, k=args.k, threshold=args.threshold, min_version=args.min_version
+        args.model,
+        args.x,
+        k=args.k,
+        threshold=args.threshold,
+        min_version=args.min_version,
+        far=args.far,
+        frr=args.frr,
     )
     lines = [
         f"{m.id!s:<24} squared distance {m.squared_distance:<12.6g} "
         f"{'same' if m.same else 'different'}" + ("" if m.y is None else f"  y={m.y}")
         for m in found.matches
     ]
+    if found.unknown:
+        lines.append("unknown: no gallery item passes the threshold")
     lines.append(
         f"(version {found.version}, threshold {found.threshold:.6g} on the squared distance: "
         f"{found.threshold_source})"
     )
-    _emit(args, found.raw, "\n".join(lines))
+    _emit(args, found.raw, "\n".join(lines) + _point_text(found.operating_point))
     return EXIT_OK
 
 

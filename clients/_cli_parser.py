@@ -17,6 +17,7 @@ from clients._cli_commands import (
     cmd_ingest,
     cmd_metric,
     cmd_models,
+    cmd_roc,
     cmd_verify,
 )
 
@@ -27,6 +28,31 @@ def _vector(text: str) -> list[float]:
         return [float(part) for part in body.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a vector of numbers: {text!r}") from None
+
+
+def _operating_point(text: str) -> str | dict[str, float]:
+    """``--operating-point``: ``eer``, ``far=X`` or ``frr=X`` (the service checks the range)."""
+    if text == "eer":
+        return text
+    kind, _, value = text.partition("=")
+    try:
+        if kind in ("far", "frr"):
+            return {kind: float(value)}
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected eer, far=X or frr=X, got {text!r}")
+
+
+def _decision_options(parser: argparse.ArgumentParser, threshold_help: str) -> None:
+    """``--threshold`` or a target rate (``--far`` / ``--frr``): at most one."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--threshold", type=float, help=threshold_help)
+    group.add_argument(
+        "--far",
+        type=float,
+        help="target false-accept rate in (0, 0.5): the threshold certified to stay below it",
+    )
+    group.add_argument("--frr", type=float, help="target false-reject rate in (0, 0.5)")
 
 
 def _gamma(text: str) -> float | str:
@@ -135,6 +161,14 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
     create.add_argument(
         "--lam", type=float, help="sgd/sgd_psd/brm: decay lambda >= 0 with 2 eta lam < 1"
     )
+    create.add_argument(
+        "--holdout", type=float, help="fraction in [0, 0.5] of samples held out (never learned)"
+    )
+    create.add_argument(
+        "--operating-point",
+        type=_operating_point,
+        help="what plain verify uses: eer (default), far=X or frr=X (a certified target rate)",
+    )
     actions.add_parser("list", parents=[common], help="list the models")
     for action, helptext in (("show", "show a model"), ("delete", "delete a model and its state")):
         shown = actions.add_parser(action, parents=[common], help=helptext)
@@ -182,9 +216,7 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="add the restricted distance D_R in [0, 1) (a brm model always adds it)",
     )
-    sub.choices["verify"].add_argument(
-        "--threshold", type=float, help="squared-distance threshold (default: the model's)"
-    )
+    _decision_options(sub.choices["verify"], "squared-distance threshold (default: the model's)")
 
     gallery = sub.add_parser("gallery", help="enrol, list, delete gallery items")
     gallery_actions = gallery.add_subparsers(dest="action", required=True)
@@ -207,9 +239,7 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
     identify.add_argument("model", help="model name")
     identify.add_argument("--x", type=_vector, required=True, help="the query vector, e.g. 1,0,2")
     identify.add_argument("--k", type=int, default=1, help="matches (default 1)")
-    identify.add_argument(
-        "--threshold", type=float, help="threshold of 'same' (default: the model's)"
-    )
+    _decision_options(identify, "threshold of 'same' (default: the model's)")
     identify.add_argument(
         "--min-version", type=int, help="answer once the model has applied this seq"
     )
@@ -233,6 +263,18 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
     )
     cert.add_argument("--min-version", type=int, help="certify once the model applied this seq")
     cert.set_defaults(run=cmd_certificate)
+
+    roc = sub.add_parser(
+        "roc", help="the held-out ROC: thresholds, estimated and certified rates", parents=[common]
+    )
+    roc.add_argument("model", help="model name")
+    roc.add_argument("--points", type=int, default=20, help="thresholds (default 20)")
+    roc.add_argument(
+        "--delta", type=float, default=0.05, help="the bounds hold with prob. >= 1 - delta"
+    )
+    roc.add_argument("--out", type=Path, help="also write the curve as CSV to this file")
+    roc.add_argument("--min-version", type=int, help="once the model has applied this seq")
+    roc.set_defaults(run=cmd_roc)
 
     metric = sub.add_parser("metric", help="export L")
     metric_actions = metric.add_subparsers(dest="action", required=True)

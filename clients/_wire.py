@@ -36,6 +36,8 @@ from clients._calls import (
     prometheus,
     put_metric,
     readyz,
+    roc,
+    roc_csv,
     transform,
     verify,
 )
@@ -134,6 +136,8 @@ __all__ = [
     "readyz",
     "refusal",
     "retry_after",
+    "roc",
+    "roc_csv",
     "sample_docs",
     "samples",
     "should_retry",

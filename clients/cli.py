@@ -6,10 +6,11 @@
     opml models list | show faces | delete faces
     opml ingest data.csv --model faces [--label-column kind | --labels y.txt] [--resume-file r]
     opml distance faces --a 0,0,1 --b 0,1,0 [--b 1,0,0 ...] [--restricted]
-    opml verify faces --a 0,0,1 --b 0,1,0 [--threshold 0.5]
+    opml verify faces --a 0,0,1 --b 0,1,0 [--threshold 0.5 | --far 0.001 | --frr 0.01]
     opml gallery add gallery.csv --model faces [--id-column name | --ids ids.txt] [--batch 1000]
     opml gallery list faces | delete faces alice-0001
-    opml identify faces --x 0,0,1 [--k 5] [--threshold 0.5]
+    opml identify faces --x 0,0,1 [--k 5] [--threshold 0.5 | --far 0.001 | --frr 0.01]
+    opml roc faces [--points 20] [--delta 0.05] [--out roc.csv]
     opml metric export faces --format npy|json [-o L.npy]
     opml certificate faces [--delta 0.05] [--method binomial|kl|pac-bayes] [--threshold 2.5]
     opml events faces [--count 10]

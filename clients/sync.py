@@ -508,10 +508,31 @@ class OPMLClient:
         *,
         threshold: float | None = None,
         min_version: int | None = None,
+        far: float | None = None,
+        frr: float | None = None,
     ) -> Verdict:
         """Same class? ``squared_distance <= threshold`` (the model's calibrated one if None;
-        ``threshold_source`` of the answer says which was used)."""
-        return self._send(_wire.verify(name, a, b, threshold, min_version))
+        ``threshold_source`` of the answer says which was used). ``far`` / ``frr`` (instead
+        of ``threshold``, in (0, 0.5)): decide at the threshold whose certified false-accept
+        (false-reject) rate is at most that; the answer's ``operating_point`` has the bounds.
+        409 :class:`~clients.errors.Conflict` when the held-out samples cannot certify it."""
+        return self._send(_wire.verify(name, a, b, threshold, min_version, far, frr))
+
+    def roc(
+        self,
+        name: str,
+        *,
+        points: int = 20,
+        delta: float = 0.05,
+        min_version: int | None = None,
+        csv: bool = False,
+    ) -> Any:
+        """The served metric's ROC on the held-out reservoir: a dict with ``points`` (each
+        ``threshold``, ``far_estimate``, ``far_bound``, ``frr_estimate``, ``frr_bound``,
+        ``window_far``, ``window_frr``); ``csv=True``: the CSV text."""
+        if csv:
+            return self._send(_wire.roc_csv(name, points, delta, min_version))
+        return self._send(_wire.roc(name, points, delta, min_version))
 
     def transform(self, name: str, X: Any, *, min_version: int | None = None) -> Transformed:
         """``z = x L^T`` for every row of ``X``."""
@@ -572,9 +593,11 @@ class OPMLClient:
         k: int = 1,
         threshold: float | None = None,
         min_version: int | None = None,
+        far: float | None = None,
+        frr: float | None = None,
     ) -> _wire.Identified:
         """See :meth:`clients.OPMLClient.identify`."""
-        return self._send(_wire.identify(name, x, k, threshold, min_version))
+        return self._send(_wire.identify(name, x, k, threshold, min_version, far, frr))
 
     def identify_many(
         self,
@@ -585,9 +608,11 @@ class OPMLClient:
         threshold: float | None = None,
         min_version: int | None = None,
         binary: bool | None = None,
+        far: float | None = None,
+        frr: float | None = None,
     ) -> _wire.IdentifiedMany:
         """See :meth:`clients.OPMLClient.identify_many`."""
-        return self._send(_wire.identify_many(name, X, k, threshold, min_version, binary))
+        return self._send(_wire.identify_many(name, X, k, threshold, min_version, binary, far, frr))
 
     def gallery_list(
         self, name: str, *, cursor: str | None = None, limit: int | None = None

@@ -315,6 +315,13 @@ class Verdict:
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     threshold_source: str | None = None
 
+    @property
+    def operating_point(self) -> dict[str, Any] | None:
+        """With a ``far`` / ``frr`` target: ``{target, threshold, far_estimate, far_bound,
+        frr_estimate, frr_bound, negatives, positives, delta, version, ...}``."""
+        point: dict[str, Any] | None = self.raw.get("operating_point")
+        return point
+
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Verdict:
         source = doc.get("threshold_source")
@@ -452,6 +459,17 @@ class Identified:
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Identified:
         return cls([Match.from_json(m) for m in doc["matches"]], *_decided(doc), doc)
+
+    @property
+    def unknown(self) -> bool:
+        """No match passes the threshold: nobody the gallery knows."""
+        return not any(m.same for m in self.matches)
+
+    @property
+    def operating_point(self) -> dict[str, Any] | None:
+        """The certified operating point that decided (a ``far`` / ``frr`` target)."""
+        point: dict[str, Any] | None = self.raw.get("operating_point")
+        return point
 
 
 @dataclass(frozen=True)

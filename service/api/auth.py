@@ -55,6 +55,7 @@ ROUTE_SCOPES: dict[tuple[str, str], KeyScope] = {
     ("GET", "/v1/models/{name}"): KeyScope.QUERY,
     ("GET", "/v1/models/{name}/metric"): KeyScope.QUERY,
     ("GET", "/v1/models/{name}/certificate"): KeyScope.QUERY,
+    ("GET", "/v1/models/{name}/roc"): KeyScope.QUERY,
     ("POST", "/v1/models/{name}/distance"): KeyScope.QUERY,
     ("POST", "/v1/models/{name}/verify"): KeyScope.QUERY,
     ("POST", "/v1/models/{name}/transform"): KeyScope.QUERY,

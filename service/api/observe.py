@@ -136,6 +136,20 @@ _CERTIFICATE_MODEL = {
     "opml_certificate_version": "Version whose metric the latest periodic certificate covers.",
     "opml_certificate_delta": "delta of the latest periodic certificate.",
 }
+#: The certified operating point of a model configured with ``operating_point`` far / frr.
+_OPERATING_POINT = {
+    "opml_operating_point_threshold": "Threshold of the model's configured operating point "
+    "(plain verify / identify decide with it).",
+    "opml_operating_point_far_estimate": "False-accept rate on the held-out negative pairs at it.",
+    "opml_operating_point_far_bound": "Certified upper bound on the false-accept rate at it "
+    "(with probability >= 1 - delta, held-out samples).",
+    "opml_operating_point_frr_estimate": "False-reject rate on the held-out positive pairs at it.",
+    "opml_operating_point_frr_bound": "Certified upper bound on the false-reject rate at it.",
+    "opml_operating_point_version": "Version whose metric the operating point certifies.",
+    "opml_operating_point_certified": "1 while the configured target is certified, 0 when the "
+    "held-out samples cannot certify it (verify then answers 409).",
+}
+_POINT_TARGET = "opml_operating_point_target"
 _TARGET = "opml_certificate_false_accept_target"
 _TARGET_HELP = (
     "OPML_CERTIFICATE_FALSE_ACCEPT_TARGET: the alert OpmlCertifiedFalseAcceptAboveTarget fires "
@@ -163,6 +177,14 @@ class ModelStateCollector(Collector):
         per_model = _CERTIFICATE_MODEL.items()
         families += [GaugeMetricFamily(n, h, labels=["model"]) for n, h in per_model]
         families.append(GaugeMetricFamily(_TARGET, _TARGET_HELP))
+        families += [GaugeMetricFamily(n, h, labels=["model"]) for n, h in _OPERATING_POINT.items()]
+        families.append(
+            GaugeMetricFamily(
+                _POINT_TARGET,
+                "The model's configured target rate (rate: far or frr).",
+                labels=["model", "rate"],
+            )
+        )
         families.append(
             GaugeMetricFamily(
                 "opml_model_info",
@@ -191,6 +213,7 @@ class ModelStateCollector(Collector):
                     families["opml_certificate_tuples"].add_metric(labels, bound.m)
                 families["opml_certificate_version"].add_metric([status.name], cert.version or 0)
                 families["opml_certificate_delta"].add_metric([status.name], cert.delta)
+            self._operating_point(families, status)
             config = status.config
             families["opml_model_info"].add_metric(
                 [status.name, config.algorithm, config.step or ""], 1.0
@@ -199,6 +222,29 @@ class ModelStateCollector(Collector):
         if self.false_accept_target is not None:
             families[_TARGET].add_metric([], self.false_accept_target)
         yield from families.values()
+
+    @staticmethod
+    def _operating_point(families: dict[str, GaugeMetricFamily], status: ModelStatus) -> None:
+        configured = status.config.operating_point
+        if not isinstance(configured, dict):
+            return
+        ((rate, target),) = configured.items()
+        families[_POINT_TARGET].add_metric([status.name, rate], float(target))
+        if status.certifiable is not None:
+            certified = families["opml_operating_point_certified"]
+            certified.add_metric([status.name], float(status.certifiable))
+        point = status.operating_point
+        if point is None:
+            return
+        for name, value in (
+            ("opml_operating_point_threshold", point.threshold),
+            ("opml_operating_point_far_estimate", point.far_estimate),
+            ("opml_operating_point_far_bound", point.far_bound),
+            ("opml_operating_point_frr_estimate", point.frr_estimate),
+            ("opml_operating_point_frr_bound", point.frr_bound),
+            ("opml_operating_point_version", point.version or 0),
+        ):
+            families[name].add_metric([status.name], float(value))
 
 
 MODEL_STATE = ModelStateCollector()

@@ -290,6 +290,9 @@ class IdentifyRequest:
     k: int
     threshold: float | None
     k_loc: list[str | int]
+    #: Target rates (JSON bodies only; at most one of them and ``threshold``).
+    far: float | None = None
+    frr: float | None = None
 
     @property
     def loc(self) -> list[str | int]:
@@ -322,7 +325,7 @@ def identify_body(
     parsed = json_body(IdentifyBody, content_type, body)
     many = parsed.xs is not None
     return IdentifyRequest(parsed.xs if many else parsed.x, many, parsed.k, parsed.threshold,
-                           ["body", "k"])  # fmt: skip
+                           ["body", "k"], parsed.far, parsed.frr)  # fmt: skip
 
 
 def _count(raw: str | None, loc: list[str | int]) -> int:

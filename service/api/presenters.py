@@ -84,6 +84,7 @@ def model_document(status: ModelStatus) -> dict[str, Any]:
         "holdout_window": c.holdout_window,
         "pac_bayes_prefix": c.pac_bayes_prefix,
         "pac_bayes_window": c.pac_bayes_window,
+        "operating_point": c.operating_point,
         "eta": c.eta,
         "mu": c.mu,
         "kappa": c.kappa,

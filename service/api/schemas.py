@@ -71,6 +71,29 @@ class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+Rate = Annotated[float, Field(gt=0, lt=0.5, allow_inf_nan=False)]
+
+
+class OperatingPointTarget(_Body):
+    """``{"far": x}`` or ``{"frr": x}``: a target false-accept or false-reject rate."""
+
+    far: Rate | None = None
+    frr: Rate | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> OperatingPointTarget:
+        if (self.far is None) == (self.frr is None):
+            raise ValueError('give exactly one of "far" and "frr"')
+        return self
+
+
+def _one_decision(body: Any) -> None:
+    """At most one of ``threshold``, ``far`` and ``frr``."""
+    given = [n for n in ("threshold", "far", "frr") if getattr(body, n) is not None]
+    if len(given) > 1:
+        raise ValueError(f"give at most one of threshold, far and frr (got {', '.join(given)})")
+
+
 class ModelCreate(_Body):
     """``POST /v1/models``; omitted hyperparameters take the core's defaults, which depend on
     the algorithm (``service.core.config.ALGORITHM_DEFAULTS``). A hyperparameter the chosen
@@ -160,6 +183,13 @@ class ModelCreate(_Body):
         le=MAX_WINDOW,
         description="PAC-Bayes: training samples after the prefix kept as the bound set "
         "(0: method=pac-bayes is off).",
+    )
+    operating_point: Literal["eer"] | OperatingPointTarget = Field(
+        default="eer",
+        description='How plain verify / identify choose their threshold: "eer" (the '
+        'calibrated equal-error threshold), {"far": x} or {"frr": x} with x in (0, 0.5): the '
+        "threshold whose certified false-accept (false-reject) rate, an upper bound at "
+        "delta = 0.05 on held-out samples, is at most x (needs holdout).",
     )
     eta: float | None = Field(
         default=None,
@@ -337,6 +367,9 @@ class ModelOut(BaseModel):
     holdout_window: int
     pac_bayes_prefix: int
     pac_bayes_window: int
+    operating_point: str | dict[str, float] = Field(
+        default="eer", description='"eer", {"far": x} or {"frr": x}: what plain verify uses.'
+    )
     eta: float | None = None
     mu: float | None = None
     kappa: float | None = None
@@ -523,6 +556,41 @@ class VerifyBody(_Body):
     a: Vector
     b: Vector
     threshold: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    far: Rate | None = Field(
+        default=None,
+        description="Target false-accept rate in (0, 0.5): decide at the threshold whose "
+        "certified false-accept rate is at most this (instead of threshold).",
+    )
+    frr: Rate | None = Field(
+        default=None, description="Target false-reject rate in (0, 0.5) (as far)."
+    )
+
+    @model_validator(mode="after")
+    def _at_most_one(self) -> VerifyBody:
+        _one_decision(self)
+        return self
+
+
+class OperatingPointOut(BaseModel):
+    """A threshold chosen for a target rate, with its certified rates (held-out samples)."""
+
+    kind: Literal["far", "frr"] = Field(description="Which rate the target is.")
+    target: float
+    threshold: float = Field(description="same <=> distance <= threshold.")
+    far_estimate: float = Field(description="False accepts among the held-out negative pairs.")
+    far_bound: float = Field(description="Upper confidence bound on the false-accept rate.")
+    frr_estimate: float
+    frr_bound: float
+    negatives: int = Field(description="Disjoint held-out negative pairs evaluated.")
+    positives: int = Field(description="Disjoint held-out positive pairs evaluated.")
+    delta: float = Field(description="All bounds of the grid hold together w.p. >= 1 - delta.")
+    version: int | None = Field(description="The version whose metric is certified.")
+    method: str
+    grid: int = Field(description="Candidate thresholds (fixed from the calibration window).")
+    distance: str = Field(description='"squared" or "restricted" (brm: D_R^2).')
+    window_far: float | None = Field(description="The calibration window's estimate.")
+    window_frr: float | None
+    statement: str
 
 
 class VerifyOut(BaseModel):
@@ -537,7 +605,11 @@ class VerifyOut(BaseModel):
     threshold: float
     calibrated: bool
     threshold_source: str = Field(
-        description='"caller", "calibrated", "fallback:window" or "fallback:margin".'
+        description='"caller", "calibrated", "fallback:window", "fallback:margin", or "far" / '
+        '"frr" (an operating point).'
+    )
+    operating_point: OperatingPointOut | None = Field(
+        default=None, description='With threshold_source "far" / "frr".'
     )
     version: int
 
@@ -603,11 +675,14 @@ class IdentifyBody(_Body):
     threshold: float | None = Field(
         default=None, ge=0, allow_inf_nan=False, description="Squared distance for `same`."
     )
+    far: Rate | None = Field(default=None, description="Target false-accept rate (as verify).")
+    frr: Rate | None = Field(default=None, description="Target false-reject rate (as verify).")
 
     @model_validator(mode="after")
     def _one_form(self) -> IdentifyBody:
         if (self.x is None) == (self.xs is None):
             raise ValueError("send either {x} or {xs: [...]}")
+        _one_decision(self)
         return self
 
 
@@ -622,17 +697,48 @@ class _Decided(BaseModel):
     version: int = Field(description="Seq of the last sample applied to the L that answered.")
     threshold: float = Field(description="The threshold `same` was decided with.")
     threshold_source: str = Field(
-        description='"caller", "calibrated", "fallback:window" or "fallback:margin".'
+        description='"caller", "calibrated", "fallback:window", "fallback:margin", or "far" / '
+        '"frr" (an operating point).'
     )
     calibrated: bool
+    operating_point: OperatingPointOut | None = Field(
+        default=None, description='With threshold_source "far" / "frr".'
+    )
 
 
 class Identified(_Decided):
     matches: list[MatchOut] = Field(description="Ascending squared distance, ties by id.")
+    unknown: bool = Field(
+        default=False, description="No match passes the threshold: nobody the gallery knows."
+    )
 
 
 class MatchesOut(BaseModel):
     matches: list[MatchOut]
+    unknown: bool = Field(default=False, description="No match passes the threshold.")
+
+
+class RocPointOut(BaseModel):
+    threshold: float
+    far_estimate: float
+    far_bound: float
+    frr_estimate: float
+    frr_bound: float
+    window_far: float | None = Field(description="The calibration window's (not certified).")
+    window_frr: float | None
+
+
+class RocOut(BaseModel):
+    """``GET .../roc``: the served metric's ROC on the held-out reservoir."""
+
+    points: list[RocPointOut] = Field(description="Ascending threshold.")
+    negatives: int
+    positives: int
+    delta: float = Field(description="Every bound of the curve holds together w.p. 1 - delta.")
+    version: int | None
+    method: str
+    distance: str
+    statement: str
 
 
 class IdentifiedMany(_Decided):

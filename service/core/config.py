@@ -17,6 +17,7 @@ from service.core import steps
 from service.core._validation import check_int, check_nonnegative, check_positive
 from service.core.gradient import STEP_RULES
 from service.core.holdout import check_holdout_config
+from service.core.operating_points import check_operating_point
 from service.core.rehearsal import DEFAULT_MEMORY
 
 Algorithm = Literal["opml", "copml", "sgd", "sgd_psd", "brm"]
@@ -160,6 +161,9 @@ class LearnerConfig:
     pac_bayes_window: int = 0
     rehearsal: int | None = None
     rehearsal_memory: int | None = None
+    #: How plain verify / identify choose their threshold: ``"eer"`` (the calibrated one),
+    #: ``{"far": x}`` or ``{"frr": x}`` (certified; :mod:`service.core.operating_points`).
+    operating_point: str | dict[str, float] = "eer"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim", check_int(self.dim, "dim", 1, MAX_DIM))
@@ -184,6 +188,8 @@ class LearnerConfig:
         checked = check_holdout_config(*(getattr(self, name) for name in names))
         for name, value in zip(names, checked, strict=True):
             object.__setattr__(self, name, value)
+        point = check_operating_point(self.operating_point)
+        object.__setattr__(self, "operating_point", point)
 
     @property
     def steps_per_sample(self) -> int:

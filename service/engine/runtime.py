@@ -32,6 +32,7 @@ from service.core import LearnerConfig
 from service.core._validation import Array
 from service.core.certificates import Certificate, Method
 from service.core.holdout import Flags
+from service.engine import operating
 from service.engine.admission import Admission, sample_work, unapplied_limit
 from service.engine.gallery import Gallery
 from service.engine.lease import Lease
@@ -253,6 +254,10 @@ class ModelRuntime:
             raise NotServedHere(self.name)
         return self.writer
 
+    def owned_writer(self) -> Writer:
+        """The writer that learns the model here (NotServedHere where another process does)."""
+        return self._writer()
+
     @property
     def gallery(self) -> Gallery:
         """The model's gallery (NotServedHere where another process learns the model)."""
@@ -369,6 +374,7 @@ class ModelRuntime:
             fencing_token=self.lease.token,
             staleness_s=None if w.synced_at is None else max(0.0, time.monotonic() - w.synced_at),
             certificate=w.latest_certificate,
+            **operating.observed(w, self.config.operating_point),
         )
 
     # -- progress of the learner (for admission control) --------------------------------------

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from service.core import LearnerConfig
 from service.core.certificates import Certificate
+from service.core.operating_points import OperatingPoint
 from service.engine.snapshot import Snapshot
 
 
@@ -21,7 +22,9 @@ class ModelStatus:
     seconds, None before the first); ``owner`` and ``fencing_token`` say whether this process
     holds the model's lease; ``staleness_s`` is how long ago this process last read up to the
     end of the log (None: not yet); ``certificate`` is the latest periodic certificate
-    (``OPML_CERTIFICATE_EVERY``; None: off, or not enough held-out samples yet).
+    (``OPML_CERTIFICATE_EVERY``; None: off, or not enough held-out samples yet);
+    ``operating_point`` the latest certified point of the model's ``operating_point`` config
+    (None: ``"eer"``, not evaluated yet, or not certifiable: then ``certifiable`` is False).
     """
 
     name: str
@@ -35,6 +38,8 @@ class ModelStatus:
     fencing_token: int | None
     staleness_s: float | None
     certificate: Certificate | None = None
+    operating_point: OperatingPoint | None = None
+    certifiable: bool | None = None
 
     @property
     def version(self) -> int:

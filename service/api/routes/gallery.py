@@ -39,6 +39,7 @@ from service.api import parsing
 from service.api.deps import MinVersionDep, ModelsDep, NameDep, body_doc, json_body
 from service.api.parsing import NPZ
 from service.api.presenters import verify_threshold
+from service.api.routes.queries import operating_entry
 from service.api.routes.samples import IdempotencyKey
 from service.api.schemas import (
     MAX_ID_CHARS,
@@ -49,6 +50,7 @@ from service.api.schemas import (
     IdentifiedMany,
     IdentifyBody,
 )
+from service.engine import operating
 from service.engine.gallery import Match
 from service.engine.registry import Registry
 from service.errors import LimitExceeded
@@ -113,6 +115,12 @@ async def delete_item(
     return Response(status_code=204)
 
 
+def _matches(found: list[Match], limit: float) -> dict[str, Any]:
+    """One vector's matches and whether none passes (``unknown``: nobody the gallery knows)."""
+    matches = [_match(m, limit) for m in found]
+    return {"matches": matches, "unknown": not any(m["same"] for m in matches)}
+
+
 def _match(m: Match, limit: float) -> dict[str, Any]:
     return {"id": m.id, "y": m.y, "squared_distance": m.squared_distance,
             "same": m.squared_distance <= limit}  # fmt: skip
@@ -153,8 +161,23 @@ async def answer_identify(
     found = await runtime.gallery.search(view, X, request.k)
     values = np.array([[m.squared_distance for m in ms] for ms in found])
     parsing.finite_or_422(values, "squared_distance")
-    limit, source = verify_threshold(view.snapshot, request.threshold)
-    decided = {
+    target = None
+    if request.threshold is None:
+        target = operating.target_of(request.far, request.frr, runtime.config.operating_point)
+    point = None
+    if target is None:
+        limit, source = verify_threshold(view.snapshot, request.threshold)
+    else:
+        if runtime.config.algorithm == "brm":
+            raise parsing.invalid(
+                ["body", "algorithm"],
+                "algorithm: a brm model's operating points are certified on its restricted "
+                "distance D_R^2, and identify decides on squared distances; give a threshold",
+            )
+        entry = await operating_entry(runtime, None, view.snapshot)
+        point = operating.point_of(entry, target)
+        limit, source = point.threshold, point.kind
+    decided: dict[str, Any] = {
         "version": view.version,
         "threshold": limit,
         "threshold_source": source,
@@ -164,10 +187,12 @@ async def answer_identify(
         return Response(
             _npz(found, values, decided), media_type=NPZ, headers={"X-Version": str(view.version)}
         )
+    if point is not None:
+        decided["operating_point"] = operating.wire(point)
     if request.many:
-        results = [{"matches": [_match(m, limit) for m in ms]} for ms in found]
+        results = [_matches(ms, limit) for ms in found]
         return JSONResponse({"results": results, **decided})
-    return JSONResponse({"matches": [_match(m, limit) for m in found[0]], **decided})
+    return JSONResponse({**_matches(found[0], limit), **decided})
 
 
 def _npz(found: list[list[Match]], values: Any, decided: dict[str, Any]) -> bytes:

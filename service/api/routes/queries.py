@@ -46,6 +46,7 @@ from service.api.schemas import (
     MetricBody,
     MetricOut,
     ModelOut,
+    RocOut,
     TransformBody,
     TransformOut,
     VerifyBody,
@@ -53,6 +54,8 @@ from service.api.schemas import (
 )
 from service.core._validation import Array
 from service.core.brm import restricted_root
+from service.core.operating_points import DEFAULT_DELTA, MAX_ROC_POINTS, OperatingPoint, roc
+from service.engine import operating
 from service.engine.registry import Registry
 from service.engine.runtime import ModelRuntime
 from service.engine.snapshot import Snapshot
@@ -120,17 +123,27 @@ async def distance_answer(
 
 
 def verify_answer(
-    runtime: ModelRuntime, snap: Snapshot, a: Any, b: Any, threshold: float | None
+    runtime: ModelRuntime,
+    snap: Snapshot,
+    a: Any,
+    b: Any,
+    threshold: float | None,
+    point: OperatingPoint | None = None,
 ) -> Response:
-    """The answer of ``verify`` (and its ``opml_verify_decisions_total`` count)."""
+    """The answer of ``verify`` (and its ``opml_verify_decisions_total`` count); with an
+    operating ``point`` (certified for ``snap``'s metric) its threshold decides."""
     d = snap.metric.dim
     va = parsing.vector(a, d, ["body", "a"])
     vb = parsing.vector(b, d, ["body", "b"])
     value = snap.metric.squared_distance(va, vb)
     if not math.isfinite(value):
         parsing.finite_or_422(np.array([value]), "squared_distance")
-    limit, source = verify_threshold(snap, threshold)
     extra: dict[str, Any] = {}
+    if point is None:
+        limit, source = verify_threshold(snap, threshold)
+    else:
+        limit, source = point.threshold, point.kind
+        extra["operating_point"] = operating.wire(point)
     if snap.metric.config.algorithm == "brm":  # it decides on D_R^2 (its threshold's units)
         decided = extra["restricted_squared_distance"] = snap.metric.restricted_squared_distance(
             va, vb
@@ -150,6 +163,18 @@ def verify_answer(
             "version": snap.version,
         }
     )
+
+
+async def operating_entry(
+    runtime: ModelRuntime, min_version: int | None, at: Snapshot | None = None
+) -> Any:
+    """The cached held-out evaluation a decision by target uses: the newest (``at`` None;
+    after waiting, bounded, for ``min_version``), or that of the snapshot ``at``."""
+    newest = await runtime.read(min_version)
+    cache = operating.cache_of(runtime.owned_writer())
+    if at is None:
+        return await cache.latest(newest, min_version)
+    return await cache.of(at, newest)
 
 
 async def answer_distance(
@@ -173,8 +198,15 @@ async def answer_verify(
     """``POST .../verify`` from its raw parts (the route and the lean path both call it)."""
     parsed = parsing.json_body(VerifyBody, content_type, body)
     runtime = await models.lookup(name)
-    snap = await runtime.read(min_version)
-    return verify_answer(runtime, snap, parsed.a, parsed.b, parsed.threshold)
+    target = None
+    if parsed.threshold is None:
+        target = operating.target_of(parsed.far, parsed.frr, runtime.config.operating_point)
+    if target is None:
+        snap = await runtime.read(min_version)
+        return verify_answer(runtime, snap, parsed.a, parsed.b, parsed.threshold)
+    entry = await operating_entry(runtime, min_version)
+    point = operating.point_of(entry, target)
+    return verify_answer(runtime, entry.snapshot, parsed.a, parsed.b, None, point)
 
 
 _NPZ_DOC = (
@@ -336,3 +368,45 @@ async def get_certificate(
     runtime = await models.lookup(name)
     cert = await runtime.certificate(min_version, checked_delta, checked_method, threshold)
     return json_response(_finite(cert.to_dict()))
+
+
+@router.get(
+    "/roc",
+    response_model=RocOut,
+    responses={
+        200: {"content": {"text/csv": {}}, "description": "JSON, or CSV with Accept: text/csv."},
+        409: {"description": "Not certifiable: too few held-out samples (`needed`, `have`)."},
+    },
+)
+async def get_roc(
+    name: NameDep,
+    models: ModelsDep,
+    points: Annotated[
+        int, Query(ge=2, le=MAX_ROC_POINTS, description="Thresholds on the curve.")
+    ] = 20,
+    delta: Annotated[
+        float,
+        Query(gt=0, lt=1, description="Every bound of the curve holds together w.p. 1 - delta."),
+    ] = DEFAULT_DELTA,
+    min_version: MinVersionDep = None,
+    accept: Accept = None,
+) -> Response:
+    """The served metric's ROC on the held-out reservoir: thresholds (quantiles of the
+    calibration window, fixed before the held-out samples are looked at) with the held-out
+    false-accept / false-reject estimates, their upper bounds (all holding together with
+    probability >= 1 - delta), and the calibration window's own estimates beside them. The
+    evaluation is cached per version (as verify's operating points). ``Accept: text/csv``:
+    one header line, one line per threshold."""
+    runtime = await models.lookup(name)
+    entry = await operating_entry(runtime, min_version)
+    if entry.pairs is None:
+        operating.point_of(entry, operating.Target("far", 0.25))  # raises the refusal
+    try:
+        curve = roc(entry.pairs, points=points, delta=delta)
+    except ValueError as exc:
+        field, _, msg = str(exc).partition(": ")
+        raise parsing.invalid(["query", field], msg) from None
+    if accept is not None and "text/csv" in accept:
+        headers = {"X-Version": str(curve.version)}
+        return Response(curve.to_csv(), media_type="text/csv", headers=headers)
+    return json_response(curve.to_dict())

@@ -123,3 +123,25 @@ def check_enough(tuples: Tuples, n: int, classes: int, what: str, window: int) -
         f"not enough {what}: {n} form {fewest} tuples of the scarcest kind, a certificate needs "
         f"{MIN_TUPLES} of each; about {needed} more{detail} are needed{hint}",
     )
+
+
+def build_pairs(
+    labels: NDArray[np.int64], rng: np.random.Generator
+) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """Disjoint positive pairs and, separately, disjoint negative pairs, each drawn from *all*
+    the samples (labels and a seeded generator only, never features).
+
+    Within each kind every sample is in at most one pair, so conditional on the labels the
+    errors of one kind are independent; a sample may be in one positive and one negative pair,
+    which is harmless for bounds that hold one kind at a time and are joined by a union bound
+    (the operating points, :mod:`service.core.operating_points`). Twice the pairs of
+    :func:`build_tuples`' pools, which share the samples among three kinds.
+
+    >>> pos, neg = build_pairs(np.repeat(np.arange(4), 70), np.random.default_rng(0))
+    >>> len(pos), len(neg), len(np.unique(neg)) == neg.size
+    (140, 140, True)
+    """
+    n = len(labels)
+    positives = _blocks(rng.permutation(n).astype(np.int64), labels, 2)[0]
+    negatives = _across_classes(rng.permutation(n).astype(np.int64), labels, 2, rng)
+    return positives, negatives
