@@ -69,6 +69,8 @@ BENCHMARKS = [
               "protocols", "8 min"),
     Benchmark("step_ceiling", "quality", "a hindsight ceiling for gamma=auto (best step per "
               "split)", "5 min"),
+    Benchmark("operating_points", "quality", "TAR at a certified FAR (1e-2, 1e-3) on real "
+              "data beside Euclidean and the EER threshold; verify p99 by target", "5 min"),
     Benchmark("certificates_eval", "quality", "certificate coverage: certified bound vs error "
               "on unseen data", "4 min"),
 ]  # fmt: skip

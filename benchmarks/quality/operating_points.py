@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import tempfile
 import time
@@ -43,14 +42,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from benchmarks.harness.results import result_stem
+from benchmarks.quality import datasets
 from service.core import Learner, LearnerConfig, NotEnoughHeldOut
 from service.core.calibration import in_order
 from service.core.operating_points import held_out_pairs, operating_point
-
-try:  # the reorganised benchmarks (quality/, harness/), else the flat layout
-    from benchmarks.quality import datasets
-except ImportError:  # pragma: no cover
-    from benchmarks import datasets  # type: ignore[no-redef]
 
 NAME = "operating_points"
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,8 +56,7 @@ PAIRS = 200_000
 
 
 def _results_stem(quick: bool) -> Path:
-    base = Path(os.environ.get("OPML_BENCH_RESULTS") or ROOT / "benchmarks" / "results")
-    return (base / "quick" if quick else base) / NAME
+    return result_stem(NAME, quick)
 
 
 def load(name: str) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
