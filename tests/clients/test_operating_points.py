@@ -12,7 +12,7 @@ import pytest
 
 from clients import OPMLClient
 from clients.errors import Conflict
-from tests.clients.conftest import opml
+from tests.clients.support import opml
 from tests.service.support import ServiceProcess, stream
 
 

@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 
 from service.security import entry_for
-from tests.service.conftest import Launch
-from tests.service.support import ROOT, RedisServer, ServiceProcess, make_model, stream
+from tests.service.support import ROOT, Launch, RedisServer, ServiceProcess, make_model, stream
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")

@@ -15,8 +15,8 @@ import numpy as np
 from service.core import Learner, LearnerConfig
 from service.core.calibration import in_order
 from service.core.operating_points import held_out_pairs, operating_point, roc
+from tests.service.placement import eventually
 from tests.service.support import assert_problem, make_model, scrape, series, stream
-from tests.service.test_scale_out import eventually
 
 D = 4
 CONFIG: dict[str, Any] = {"gamma": 0.02, "seed": 3, "holdout": 0.3, "holdout_window": 3000}

@@ -19,8 +19,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from service.security import KeyRing, entry_for
-from tests.service.conftest import Launch
-from tests.service.support import ROOT, RedisServer, ServiceProcess, assert_problem
+from tests.service.support import ROOT, Launch, RedisServer, ServiceProcess, assert_problem
 
 KEYS = {
     "admin": ("adm-tenancy-secret", ["admin"], None),
