@@ -120,8 +120,8 @@ def _media(content: dict[str, Any] | None) -> str:
 
 
 def http_page() -> str:
+    from service.app import create_app
     from service.config import Settings
-    from service.main import create_app
 
     schema = create_app(Settings()).openapi()
     lines = [

@@ -26,7 +26,7 @@ module and that no import cycle exists anywhere in ``service/``):
   problem+json (the one mapping from errors to answers, middleware included), authentication,
   limits, observation. Imports all of the above but ``storage``, and not ``redis``: what it
   needs of the log comes through the engine.
-* ``main.py`` (the app factory: Redis, engine and API wired together) and ``__main__.py`` (the
+* ``app.py`` (the app factory: Redis, engine and API wired together) and ``__main__.py`` (the
   command line) may import anything.
 
 The engine takes arrays and class keys and answers with snapshots, results and statuses; it

@@ -303,7 +303,7 @@ def _redis(settings: Settings) -> Iterator[str | None]:
 def _config(settings: Settings, redis_url: str) -> uvicorn.Config:
     # here, not at the top: --help and usage errors load neither numba nor FastAPI
     from service.api.protocol import ProblemHttpProtocol
-    from service.main import create_app
+    from service.app import create_app
 
     return uvicorn.Config(
         create_app(settings, redis_url=redis_url),

@@ -18,7 +18,7 @@ problem_response` (an unexpected one by :func:`service.api.problems.unexpected`)
 handlers do. Requests it does not take (another path or method, a name that does not match the
 pattern, so that FastAPI answers 422 as usual) go to the application unchanged.
 
-It is the innermost of the service's ASGI layers (:mod:`service.main`): the HTTP metrics,
+It is the innermost of the service's ASGI layers (:mod:`service.app`): the HTTP metrics,
 authentication, the body limit and owner routing wrap it as they wrap the routes (it sets
 ``scope["route"]`` so the metrics see the route template), and each request it answers counts
 in ``opml_http_lean_requests_total``.

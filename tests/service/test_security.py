@@ -18,7 +18,7 @@ from redis.asyncio.connection import SSLConnection
 from websockets.sync.client import connect
 
 from service.api.auth import API_PREFIX, ROUTE_SCOPES
-from service.main import create_app
+from service.app import create_app
 from service.security import KeyRing, entry_for
 from service.storage.store import connect as redis_connect
 from service.storage.store import redacted_url
