@@ -2,9 +2,10 @@
 queries (``POST .../distance``, ``.../verify``, ``.../identify``) and ``GET /livez``; a pure
 optimisation, on by default (``OPML_LEAN_PATH``).
 
-FastAPI spends ~150-250 us of CPU per request on this machine before and after a route runs
+FastAPI spends a large share of a request's CPU before and after a route runs
 (its error and exception layers, matching every route, solving dependencies, serialising): most
-of what a naive client, one sample per request, costs. :class:`LeanPath` answers the hot
+of what a naive client, one sample per request, costs (docs/design/lean-path.md).
+:class:`LeanPath` answers the hot
 requests without that machinery by calling the very functions their routes call
 (:func:`~service.api.routes.samples.answer_ingest`, :func:`~service.api.routes.queries.
 answer_distance`, :func:`~service.api.routes.queries.answer_verify`,

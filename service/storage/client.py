@@ -101,10 +101,10 @@ def _client_options(timeout_s: float, retries: int) -> dict[str, Any]:
 class _CPacking:
     """Commands packed by hiredis's C packer (``hiredis.pack_command``), as redis-py's
     synchronous client does when hiredis is installed; its asyncio connections pack every
-    argument in Python, ~10 us per append group of eight arguments on a busy event loop (one
-    sample per WS frame: 11.8k -> 12.2k frames/s, measured ad hoc). The bytes are the same
-    (numbers as ``repr``, strings as UTF-8); an argument hiredis does not take (a bool, None, a
-    lone surrogate) goes to redis-py's own packer, which refuses it as it always did."""
+    argument in Python, a cost the one-sample-per-frame path pays per append
+    (docs/design/append-lane.md). The bytes are the same (numbers as ``repr``, strings as UTF-8); an
+    argument hiredis does not take (a bool, None, a lone surrogate) goes to redis-py's own packer,
+    which refuses it as it always did."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         head = args[0]  # a command name may hold its subcommand ("SCRIPT LOAD"): split it
