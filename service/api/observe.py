@@ -65,8 +65,9 @@ _STATE = {
     "other processes export no state gauges for it.",
     "opml_checkpoint_age_seconds": "Seconds since the latest checkpoint was written (since "
     "the model was created if it has none), computed at scrape time.",
-    "opml_stability_step_mass_max": "Largest per-sample step mass max_i S_i (seed-specs 4.3): "
-    "a diagnostic of how much any one sample moved the metric, not a generalisation bound.",
+    "opml_stability_step_mass_max": "Largest per-sample step mass max_i S_i "
+    "(docs/algorithms/gradient.md): a diagnostic of how much any one sample moved the metric, "
+    "not a generalisation bound.",
 }
 #: Labels of ``opml_model_info`` besides ``model``.
 _INFO_LABELS = ["algorithm", "step"]

@@ -1,4 +1,4 @@
-"""Redis Cluster (issue 13, the storage half), on a real local cluster of 3 masters with one
+"""Redis Cluster (the storage half), on a real local cluster of 3 masters with one
 replica each (:mod:`tests.service.cluster`), shared by the tests of this module and emptied
 before each: the service on any node, WAIT for replicas through a failover, the registry repaired.
 """

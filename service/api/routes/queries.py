@@ -12,8 +12,8 @@ shape (n, d), float64 or float32; read by :func:`service.api.parsing.npz_arrays`
 ``Accept: application/x-npy`` (either body) with the squared distances as ``.npy`` bytes and
 the version in header ``X-Version``.
 
-Restricted distances (issue 15; ``service.core.brm``): a ``brm`` model's ``distance`` answers
-always add ``restricted_distance`` / ``restricted_squared_distance`` (one to many:
+Restricted distances (``service.core.brm``, docs/algorithms/brm.md): a ``brm`` model's ``distance``
+answers always add ``restricted_distance`` / ``restricted_squared_distance`` (one to many:
 ``restricted_distances`` / ``restricted_squared_distances``), ``D_R`` in [0, 1) under its own
 ``L``, and its ``verify`` decides on ``restricted_squared_distance <= threshold`` (its
 calibrated threshold is in ``D_R^2`` units). Any other model adds them when asked with the query
@@ -208,7 +208,7 @@ async def distance(
     restricted: Annotated[
         str | None,
         Query(
-            description="true: add the restricted distance D_R in [0, 1) (seed 003 Eq. 7; "
+            description="true: add the restricted distance D_R in [0, 1) (the BRM paper's Eq. 7; "
             "always added for a brm model).",
             json_schema_extra={"enum": ["true", "false"]},
         ),
@@ -218,7 +218,7 @@ async def distance(
 
     ``?restricted=true`` adds ``restricted_distance`` and ``restricted_squared_distance``
     (one to many: ``restricted_distances``, ``restricted_squared_distances``): ``D_R`` in
-    [0, 1) of seed 003's Eq. 7 (Sigmoid restriction, p = 2) under the canonical factor of
+    [0, 1) of the BRM paper's Eq. 7 (Sigmoid restriction, p = 2) under the canonical factor of
     ``M = L^T L``; a ``brm`` model always adds them, under its own ``L``.
 
     One to many: ``b`` a list of vectors, or a binary gallery: ``Content-Type:
@@ -331,7 +331,7 @@ async def get_certificate(
     min_version: MinVersionDep = None,
 ) -> Response:
     """High-confidence upper bounds on the triplet error, false accept rate and false reject
-    rate of the metric of one snapshot (README, "Certificates")."""
+    rate of the metric of one snapshot (docs/guides/certificates.md)."""
     checked_delta, checked_method = parsing.certificate_args(delta, method)
     runtime = await models.lookup(name)
     cert = await runtime.certificate(min_version, checked_delta, checked_method, threshold)

@@ -242,7 +242,8 @@ def _invalid_frame(exc: ValidationError) -> InvalidInput:
 
 def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError]:
     """A binary frame: ``uint32 LE header length | JSON header {"id", "y": [labels]} | block``,
-    the block being ``len(y) x dim`` little-endian float64 values, row-major (README)."""
+    the block being ``len(y) x dim`` little-endian float64 values, row-major
+    (docs/reference/websocket.md)."""
     if len(data) < _HEADER_LEN.size:
         return None, invalid(["header"], "a binary frame starts with a 4-byte header length")
     (size,) = _HEADER_LEN.unpack_from(data)
