@@ -8,7 +8,7 @@ machinery, so it is a pure optimisation: same parsers, same answers, same proble
 
 One-to-many ``distance`` also takes a binary gallery: an ``.npz`` body
 (``Content-Type: application/x-npz``, ``np.savez(f, a=a, b=B)``: ``a`` of shape (d,), ``b`` of
-shape (n, d), float64 or float32; read by :func:`service.api.parsing.npz_arrays`), and answers
+shape (n, d), float64 or float32; read by :func:`service.api.npy.npz_arrays`), and answers
 ``Accept: application/x-npy`` (either body) with the squared distances as ``.npy`` bytes and
 the version in header ``X-Version``.
 
@@ -36,7 +36,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from service.api import parsing
 from service.api.deps import MinVersionDep, ModelsDep, NameDep, body_doc, json_body
-from service.api.parsing import NPY, NPZ
+from service.api.npy import NPY, NPZ, npy_bytes, wants_npy
 from service.api.presenters import json_response, model_document, verify_threshold
 from service.api.schemas import (
     CertificateOut,
@@ -100,7 +100,7 @@ async def distance_answer(
         sq = await squared_distances(snap, va, B)
         if npy:
             headers = {"X-Version": str(snap.version)}
-            return Response(parsing.npy_bytes(sq), media_type=NPY, headers=headers)
+            return Response(npy_bytes(sq), media_type=NPY, headers=headers)
         many: dict[str, Any] = {"distances": np.sqrt(sq).tolist(), "squared_distances": sq.tolist()}
         if restricted:
             rsq = await _gallery_call(snap.metric.restricted_squared_distances, va, B)
@@ -164,7 +164,7 @@ async def answer_distance(
     """``POST .../distance`` from its raw parts (the route and the lean path both call it)."""
     a, b = parsing.distance_body(content_type, body, models.settings.max_body_bytes)
     snap = await (await models.lookup(name)).read(min_version)
-    return await distance_answer(snap, a, b, npy=parsing.wants_npy(accept), restricted=restricted)
+    return await distance_answer(snap, a, b, npy=wants_npy(accept), restricted=restricted)
 
 
 async def answer_verify(
@@ -270,8 +270,8 @@ async def get_metric(
 ) -> Response:
     """``L`` and its version; ``Accept: application/x-npy`` gives the .npy bytes of ``L``."""
     snap = await (await models.lookup(name)).read(min_version)
-    if parsing.wants_npy(accept):
-        body = parsing.npy_bytes(np.asarray(snap.metric.L))
+    if wants_npy(accept):
+        body = npy_bytes(np.asarray(snap.metric.L))
         return Response(body, media_type=NPY, headers={"X-Version": str(snap.version)})
     return json_response({"L": snap.metric.L.tolist(), "version": snap.version})
 
