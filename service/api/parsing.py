@@ -349,7 +349,7 @@ def query_rows(request: IdentifyRequest, dim: int) -> Array:
     if not request.many:
         return vector(rows, dim, request.loc)[None, :]
     if isinstance(rows, np.ndarray):
-        return gallery(rows, dim, request.loc)
+        return binary_matrix(rows, dim, request.loc)
     return matrix(rows, dim, request.loc)
 
 
@@ -373,7 +373,7 @@ def matrix(value: Sequence[Sequence[float]], dim: int, loc: list[str | int]) -> 
     return _checked(loc, lambda: check_matrix(value, dim, str(loc[-1])))
 
 
-def gallery(value: Array, dim: int, loc: list[str | int]) -> Array:
+def binary_matrix(value: Array, dim: int, loc: list[str | int]) -> Array:
     """A finite float64 ``(n, dim)`` matrix from an array (a binary body: shape known, no
     per-row length check needed)."""
     return _checked(loc, lambda: check_matrix(value, dim, str(loc[-1])))

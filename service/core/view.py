@@ -24,8 +24,8 @@ from service.core.brm import canonical_factor, restricted_root, restricted_squar
 from service.core.config import LearnerConfig
 from service.core.normalize import normalize_rows, normalized_minus
 
-#: One-to-many queries go through the gallery in blocks of this many rows, so that a block of
-#: differences and its image stay in the core's L2 cache (one pass over the gallery in memory).
+#: One-to-many queries go through the candidate rows ``B`` in blocks of this many rows, so that
+#: a block of differences and its image stay in the core's L2 cache (one pass over ``B``).
 _QUERY_BLOCK = 1024
 
 
@@ -102,8 +102,8 @@ class MetricView:
     def squared_distances(self, a: Any, B: Any) -> Array:
         """``||L(a - b_i)||^2`` for every row ``b_i`` of ``B`` (one to many).
 
-        The gallery is processed in blocks of :data:`_QUERY_BLOCK` rows (normalise, subtract
-        ``a``, map, square-sum while the block is in cache). A large gallery (at least 4d rows)
+        ``B`` is processed in blocks of :data:`_QUERY_BLOCK` rows (normalise, subtract
+        ``a``, map, square-sum while the block is in cache). A large ``B`` (at least 4d rows)
         is mapped by ``R``, the triangular factor of ``L = QR`` (``||L x|| = ||R x||``, ``Q``
         orthogonal): a triangular product (BLAS ``dtrmm``) is half the multiply-adds of
         ``x L^T``. ``R`` is computed once per ``L`` (O(d^3), amortised over those 4d rows and

@@ -135,7 +135,7 @@ def test_rejected_callers_change_nothing_and_large_bodies_are_not_read(
     assert after == before
 
 
-def test_a_binary_gallery_needs_the_query_scope(secured: ServiceProcess) -> None:
+def test_a_binary_distance_body_needs_the_query_scope(secured: ServiceProcess) -> None:
     buf = io.BytesIO()
     np.savez(buf, a=np.ones(2), b=np.ones((3, 2)))
     npz = {"content-type": "application/x-npz"}

@@ -6,9 +6,10 @@ which parse them with :mod:`service.api.parsing` and answer. The lean path
 (:mod:`service.api.lean`) calls the same two functions without FastAPI's per-request
 machinery, so it is a pure optimisation: same parsers, same answers, same problems.
 
-One-to-many ``distance`` also takes a binary gallery: an ``.npz`` body
-(``Content-Type: application/x-npz``, ``np.savez(f, a=a, b=B)``: ``a`` of shape (d,), ``b`` of
-shape (n, d), float64 or float32; read by :func:`service.api.npy.npz_arrays`), and answers
+One-to-many ``distance`` (``a`` against the candidate rows ``b``) also takes a binary body: an
+``.npz`` (``Content-Type: application/x-npz``, ``np.savez(f, a=a, b=B)``: ``a`` of shape (d,),
+``b`` of shape (n, d), float64 or float32; read by :func:`service.api.npy.npz_arrays`), and
+answers
 ``Accept: application/x-npy`` (either body) with the squared distances as ``.npy`` bytes and
 the version in header ``X-Version``.
 
@@ -17,7 +18,7 @@ answers always add ``restricted_distance`` / ``restricted_squared_distance`` (on
 ``restricted_distances`` / ``restricted_squared_distances``), ``D_R`` in [0, 1) under its own
 ``L``, and its ``verify`` decides on ``restricted_squared_distance <= threshold`` (its
 calibrated threshold is in ``D_R^2`` units). Any other model adds them when asked with the query
-parameter ``?restricted=true`` (a query parameter, so the binary gallery can ask too), measured
+parameter ``?restricted=true`` (a query parameter, so a binary body can ask too), measured
 with the canonical factor of ``M = L^T L`` (an O(d^3) eigendecomposition once per published
 snapshot, then O(d^2) per pair like ``squared_distance``). ``.npy`` answers stay the plain
 squared distances.
@@ -59,27 +60,27 @@ from service.engine.snapshot import Snapshot
 
 router = APIRouter(prefix="/v1/models/{name}", tags=["queries"])
 
-#: A one-to-many gallery of at least this many values is computed in a worker thread (BLAS
+#: A one-to-many ``b`` of at least this many values is computed in a worker thread (BLAS
 #: releases the GIL): the event loop keeps answering other requests meanwhile.
 THREAD_VALUES = 1 << 16
 #: ... in one of these threads, not the default executor the learners use: a burst of large
-#: galleries queues here instead of holding back learning (2 cores: 2 threads are plenty).
-_GALLERY_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-gallery")
+#: candidate matrices queues here instead of holding back learning (2 cores: 2 threads are plenty).
+_ROWS_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-one-to-many")
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
-async def _gallery_call(fn: Callable[[Array, Array], Array], a: Array, B: Array) -> Array:
-    """``fn(a, B)``, in a gallery thread when ``B`` is large."""
+async def _rows_call(fn: Callable[[Array, Array], Array], a: Array, B: Array) -> Array:
+    """``fn(a, B)``, in a thread of its own when ``B`` is large."""
     if B.size >= THREAD_VALUES:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_GALLERY_THREADS, fn, a, B)
+        return await loop.run_in_executor(_ROWS_THREADS, fn, a, B)
     return fn(a, B)
 
 
 async def squared_distances(snap: Snapshot, a: Array, B: Array) -> Array:
-    """``||L(a - b_i)||^2`` for a validated gallery; 422 if a value overflows float64."""
-    sq = await _gallery_call(snap.metric.squared_distances, a, B)
+    """``||L(a - b_i)||^2`` for validated candidate rows ``B``; 422 if a value overflows float64."""
+    sq = await _rows_call(snap.metric.squared_distances, a, B)
     return parsing.finite_or_422(sq, "squared_distance")
 
 
@@ -94,7 +95,7 @@ async def distance_answer(
     va = parsing.vector(a, d, ["body", "a"])
     if isinstance(b, np.ndarray) or (b and isinstance(b[0], list)):
         if isinstance(b, np.ndarray):
-            B = parsing.gallery(b, d, ["body", "b"])
+            B = parsing.binary_matrix(b, d, ["body", "b"])
         else:
             B = parsing.matrix(b, d, ["body", "b"])
         sq = await squared_distances(snap, va, B)
@@ -103,7 +104,7 @@ async def distance_answer(
             return Response(npy_bytes(sq), media_type=NPY, headers=headers)
         many: dict[str, Any] = {"distances": np.sqrt(sq).tolist(), "squared_distances": sq.tolist()}
         if restricted:
-            rsq = await _gallery_call(snap.metric.restricted_squared_distances, va, B)
+            rsq = await _rows_call(snap.metric.restricted_squared_distances, va, B)
             many["restricted_distances"] = restricted_root(rsq).tolist()
             many["restricted_squared_distances"] = rsq.tolist()
         return json_response({**many, "version": snap.version})
@@ -178,7 +179,7 @@ async def answer_verify(
 
 
 _NPZ_DOC = (
-    "JSON `{a, b}`, b one vector or a list of vectors; or, one to many with a binary gallery, "
+    "JSON `{a, b}`, b one vector or a list of vectors; or, one to many with a binary body, "
     "`application/x-npz`: the bytes of `np.savez(f, a=a, b=B)`, a of shape (d,) and B of shape "
     "(n, d), float64 or float32 (no pickle; at most OPML_MAX_BODY_BYTES as float64); errors name "
     "body.a / body.b."
@@ -192,7 +193,7 @@ Accept = Annotated[str | None, Header()]
     responses={
         200: {
             "description": "One pair, or one to many when b is a list of vectors (or the "
-            "binary gallery); with `Accept: application/x-npy`, one to many answers the "
+            "binary body); with `Accept: application/x-npy`, one to many answers the "
             "squared distances as .npy bytes (float64, shape (n,)) and header X-Version.",
             "content": {NPY: _BINARY},
         }
@@ -221,7 +222,7 @@ async def distance(
     [0, 1) of the BRM paper's Eq. 7 (Sigmoid restriction, p = 2) under the canonical factor of
     ``M = L^T L``; a ``brm`` model always adds them, under its own ``L``.
 
-    One to many: ``b`` a list of vectors, or a binary gallery: ``Content-Type:
+    One to many: ``b`` a list of vectors, or a binary body: ``Content-Type:
     application/x-npz`` with the bytes of ``np.savez(f, a=a, b=B)`` (``a`` (d,), ``B`` (n, d),
     float64 or float32; never unpickled; at most OPML_MAX_BODY_BYTES as float64; refusals are
     422 naming ``body``, ``body.a`` or ``body.b``). ``Accept: application/x-npy`` answers one to
