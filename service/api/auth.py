@@ -4,7 +4,7 @@ One table (:data:`ROUTE_SCOPES`, by method and path template) says which scope e
 needs; :class:`Authenticate` (ASGI middleware) checks the caller's key *before* routing, so no
 route reads a body for an unauthenticated client (it cannot make the service parse a 32 MiB
 body). A ``/v1/`` request missing from the table needs ``admin`` (fail closed); paths outside
-``/v1/`` (probes, metrics, docs) are open.
+``/v1/`` (probes, ``/metrics``, docs) are open.
 
 Where the key comes from:
 

@@ -19,9 +19,9 @@ problem_response` (an unexpected one by :func:`service.api.problems.unexpected`)
 handlers do. Requests it does not take (another path or method, a name that does not match the
 pattern, so that FastAPI answers 422 as usual) go to the application unchanged.
 
-It is the innermost of the service's ASGI layers (:mod:`service.app`): the HTTP metrics,
+It is the innermost of the service's ASGI layers (:mod:`service.app`): the HTTP telemetry,
 authentication, the body limit and owner routing wrap it as they wrap the routes (it sets
-``scope["route"]`` so the metrics see the route template), and each request it answers counts
+``scope["route"]`` so the telemetry sees the route template), and each request it answers counts
 in ``opml_http_lean_requests_total``.
 """
 
@@ -46,7 +46,7 @@ _HOT = ("samples", "distance", "verify", "identify")
 _PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")/(" + "|".join(_HOT) + ")")
 LIVEZ = "/livez"
 #: The routes this path stands in for, by the last segment of their template
-#: (``scope["route"]``: the metrics label by template).
+#: (``scope["route"]``: the telemetry labels by template).
 _ROUTES = {
     route.path.rsplit("/", 1)[-1]: route
     for module in (samples, queries, gallery, ops)

@@ -211,14 +211,14 @@ class Gallery:
         store: Store,
         settings: Settings,
         board: SnapshotBoard,
-        metrics: telemetry.ModelMetrics,
+        series: telemetry.ModelTelemetry,
     ) -> None:
         self.name = name
         self.config = config
         self.store = store
         self.settings = settings
         self.board = board
-        self.metrics = metrics
+        self.telemetry = series
         snap = board.current
         self.view = GalleryView(TransformedGallery.empty(snap.L), [], snap)
         self.closed = False
@@ -298,7 +298,7 @@ class Gallery:
                     ttl_ms=self.settings.idempotency_ttl_s * 1000,
                     max_items=limit,
                     max_records=self.settings.idempotency_max_records,
-                    on_dropped=self.metrics.records_dropped.inc,
+                    on_dropped=self.telemetry.records_dropped.inc,
                 )
             except NoSuchModel:
                 raise NotFound(f"model {self.name!r} does not exist") from None
@@ -443,7 +443,7 @@ class Gallery:
         )
         took = time.perf_counter() - started
         if method != "unchanged" and rows.n:
-            self.metrics.gallery_refresh[method].observe(took)
+            self.telemetry.gallery_refresh[method].observe(took)
         self._publish(GalleryView(rows, view.items, snap))
         return took
 

@@ -190,7 +190,7 @@ class Registry:
         await runtime.close()
         self.runtimes.pop(runtime.name, None)
         self._tried.pop(runtime.name, None)
-        runtime.metrics.forget()
+        runtime.telemetry.forget()
         self._placed += 1
 
     async def _listen(self) -> None:

@@ -139,14 +139,14 @@ class Writer:
         settings: Settings,
         lease: Lease,
         results: StepResultsKeeper,
-        metrics: telemetry.ModelMetrics,
+        series: telemetry.ModelTelemetry,
     ) -> None:
         self.name = name
         self.store = store
         self.settings = settings
         self.lease = lease
         self.results = results
-        self.metrics = metrics
+        self.telemetry = series
         self.learner = Learner(config)
         self.metric_puts = 0
         self.board = SnapshotBoard(Snapshot.of(self.learner, (0, 0), 0))
@@ -208,7 +208,7 @@ class Writer:
         self.notify_logged(await self.store.logged_seq(self.name))
         if fields is not None:
             self._restore(checkpoint.decode(*fields, dim=self.learner.dim))
-        self.metrics.learning(self.learner.counts)
+        self.telemetry.learning(self.learner.counts)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"writer:{self.name}")
@@ -450,9 +450,9 @@ class Writer:
                     self._apply_entries, entries, decoded
                 )
             for seqs, results in runs:
-                self.metrics.count_steps(results.counts())
+                self.telemetry.count_steps(results.counts())
                 if self._replaying:
-                    self.metrics.replayed.inc(len(results))
+                    self.telemetry.replayed.inc(len(results))
                 self.results.record(seqs, results)
             self.unsaved.learned(samples, time.monotonic())
             self._per_entry = max(1.0, samples / len(entries))
@@ -460,7 +460,7 @@ class Writer:
                 self.recent.extend(rows, labels)
             self._fresh.clear()
             self._publish(snapshot)
-        self.metrics.update_duration.observe(time.perf_counter() - started)
+        self.telemetry.update_duration.observe(time.perf_counter() - started)
         self._certificate_due(snapshot.version)
 
     def _apply_entries(
@@ -628,7 +628,7 @@ class Writer:
                 fencing_token=pending.token,
             )
         except Fenced:
-            self.metrics.checkpoints_fenced.inc()
+            self.telemetry.checkpoints_fenced.inc()
             self.lease.lose(
                 f"Redis refused a checkpoint with the stale fencing token {pending.token}"
             )
@@ -639,7 +639,7 @@ class Writer:
             return
         self._saved = pending.applied
         self.checkpoint = CheckpointInfo(pending.version, pending.time)
-        self.metrics.checkpoint_duration.observe(time.perf_counter() - pending.started)
+        self.telemetry.checkpoint_duration.observe(time.perf_counter() - pending.started)
         log.debug("%s: checkpoint at %s", self.name, format_id(pending.applied))
 
 

@@ -139,7 +139,7 @@ def verify_answer(
     else:
         decided = value
     same = decided <= limit
-    runtime.metrics.verify_decision(same, source)
+    runtime.telemetry.verify_decision(same, source)
     return json_response(
         {
             "same": same,

@@ -303,7 +303,7 @@ async def model_events(
             if len(pending) >= limit:
                 pending.popleft()
                 dropped += 1
-                runtime.metrics.events_dropped.inc()
+                runtime.telemetry.events_dropped.inc()
             pending.append(event_frame(status))
             ready.set()
             await asyncio.sleep(interval_ms / 1000)
