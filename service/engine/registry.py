@@ -8,7 +8,7 @@ process that should be is decided by rendezvous hashing over the live members
 process joins or leaves.
 
 A placement loop runs every third of ``OPML_LEASE_TTL_S``: heartbeat (membership), follow the
-registry (models created or deleted through other processes), then for each model renew the
+model index (models created or deleted through other processes), then for each model renew the
 lease of the models this process learns and should keep, hand over gracefully those that
 should move (final checkpoint, then release), and take the ones that should be here once their
 lease is free (load checkpoint + replay the log tail, in the background). A graceful stop
@@ -66,7 +66,7 @@ class Registry:
         self.loaded = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = asyncio.Event()  # the loops stop when it is set (see engine/tasks.py)
-        self._lock = asyncio.Lock()  # create / delete / registry sync
+        self._lock = asyncio.Lock()  # create / delete / model index sync
         self._tried: dict[str, float] = {}  # model -> monotonic time of the last take-over try
         self._placed = 0  # bumped whenever placement may have changed (the listener follows)
         #: This process in lease values and the members hash: its advertised URL (no two live
@@ -94,8 +94,8 @@ class Registry:
                 if version < (6, 2):
                     log.error("Redis %s is too old; 6.2 or newer is needed", version)
                 async with self._lock:
-                    # the registry may lag behind the models (see service.storage.models)
-                    await self.store.repair_registry()
+                    # the model index may lag behind the models (see service.storage.models)
+                    await self.store.repair_index()
                 await self._round()
                 break
             except Unavailable as exc:
@@ -135,7 +135,7 @@ class Registry:
         """One round of the placement loop (see the module docstring)."""
         await self.membership.heartbeat()
         async with self._lock:
-            await self._sync_registry()
+            await self._sync_models()
         for runtime in list(self.runtimes.values()):
             await self._place(runtime)
         self._placed += 1  # members may have come or gone
@@ -160,7 +160,7 @@ class Registry:
                     runtime.activate()
                     self._placed += 1
 
-    async def _sync_registry(self) -> None:
+    async def _sync_models(self) -> None:
         """Follow the models created and deleted through other processes."""
         names = await self.store.model_names()
         stamps = await self.store.created_stamps(sorted(set(names) | set(self.runtimes)))
@@ -287,7 +287,7 @@ class Registry:
 
     async def gone(self, name: str) -> bool:
         """True (and the model forgotten here) when ``name`` no longer exists in Redis: it was
-        deleted through another process since our last registry round."""
+        deleted through another process since our last model index round."""
         if await self.store.model_exists(name):
             return False
         async with self._lock:

@@ -9,7 +9,7 @@ to start. With one URL, :meth:`Connection.open` asks that node ``INFO cluster`` 
 are in :func:`_client_options`); several URLs always name a cluster (credentials and options
 come from the first). No script touches two slots, and the store uses no MULTI (its atomic
 reads are scripts too): every script works on one model's keys, which share the hash tag
-``{name}``; the registry set ``opml:models`` (its own slot) is only read or written by single
+``{name}``; the model index ``opml:models`` (its own slot) is only read or written by single
 commands and non-transactional pipelines, which the cluster client splits by node. MOVED / ASK
 are followed by the client.
 

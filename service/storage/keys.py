@@ -1,7 +1,7 @@
 """Every Redis key name of the service, in one place.
 
 One model's keys share the hash tag ``{name}`` so a Lua script or MULTI touching them stays in
-one Redis Cluster slot. Outside the models' slots: the registry set and the members hash (each
+one Redis Cluster slot. Outside the models' slots: the model index and the members hash (each
 a key of its own, touched alone), and the pub/sub channel of appends.
 
 >>> ModelKeys("faces").log
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 PREFIX = "opml"
 
-#: Set of model names (the registry). Not hash-tagged: it spans models.
-REGISTRY = f"{PREFIX}:models"
+#: Set of model names (the model index). Not hash-tagged: it spans models.
+MODEL_INDEX = f"{PREFIX}:models"
 #: Hash of the live service processes: member id -> ``"<expiry ms> <info JSON>"`` (heartbeats).
 MEMBERS = f"{PREFIX}:members"
 #: Prefix of the models' pub/sub channels (:func:`appended_channel`).
