@@ -16,7 +16,7 @@ leaves the membership and hands everything over at once; a process that dies los
 when its leases expire (within the TTL).
 
 Appends made through any process but the model's owner are announced on the model's own
-pub/sub channel (:mod:`service.storage.notices`) by the append script itself (the owner wakes its
+wake channel (:mod:`service.storage.notices`) by the append script itself (the owner wakes its
 writer directly). The listener here subscribes to the channels of the models this process
 learns or should learn, and to no others (an append costs one notification in the whole
 deployment, not one per process); it wakes the owner's writer at once, and also retries the
@@ -194,8 +194,8 @@ class Registry:
         self._placed += 1
 
     async def _listen(self) -> None:
-        """Wake the writer of a model when any process appended to it (pub/sub, one channel
-        per model; see the module docstring)."""
+        """Wake the writer of a model when another process appended to it, or take over a
+        model just released (pub/sub, one wake channel per model; see the module docstring)."""
         await self.loaded.wait()
         while not self._closing.is_set():
             heard: set[str] = set()
@@ -211,7 +211,7 @@ class Registry:
                             continue
                         name = await listener.next_model(_LISTEN_TICK_S)
                         if name is not None:
-                            self._appended(name)
+                            self._woken(name)
             except Unavailable as exc:  # the writers still poll; resubscribe shortly
                 log.debug("append notifications interrupted (%s); resubscribing", exc)
                 await self._pause(1.0)
@@ -231,7 +231,7 @@ class Registry:
         heard.clear()
         heard.update(wanted)
 
-    def _appended(self, name: str) -> None:
+    def _woken(self, name: str) -> None:
         runtime = self.runtimes.get(name)
         if runtime is None:
             return

@@ -51,7 +51,7 @@ ack-to-applied lag, at most :data:`APPLY_DELAY_S`.
 
 It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
 when the registry relays an append made through another process (the model's
-``opml:appended:<name>`` pub/sub channel: :meth:`Writer.heard_append`), and at the latest every
+``opml:wake:<name>`` pub/sub channel: :meth:`Writer.heard_append`), and at the latest every
 ``OPML_POLL_INTERVAL_S``. A wake that brings nothing new (within :data:`SKIP_READ_S` of a read,
 no other process heard from, every append of this process that returned applied) reads
 nothing: what the log holds beyond the applied state is then this process's appends in flight,
