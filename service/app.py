@@ -206,5 +206,5 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
     problems.install(app)
     app.include_router(api_router)
     deps.document_bodies(app)
-    auth.document(app)
+    auth.document(app, keys)
     return app

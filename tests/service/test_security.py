@@ -19,6 +19,7 @@ from websockets.sync.client import connect
 
 from service.api.auth import API_PREFIX, ROUTE_SCOPES
 from service.app import create_app
+from service.config import Settings
 from service.security import KeyRing, entry_for
 from service.storage.store import connect as redis_connect
 from service.storage.store import redacted_url
@@ -165,6 +166,28 @@ def test_probes_metrics_and_docs_are_open(secured: ServiceProcess) -> None:
     assert operations["ingest_samples"]["x-required-scope"] == "ingest"
     assert operations["verify"]["security"] == [{"apiKey": []}]
     assert "security" not in operations["livez"]
+
+
+def test_without_keys_the_schema_asks_for_no_key() -> None:
+    """No keys: no security scheme (Swagger UI's Authorize button comes from it), no
+    ``security`` and no 401/403 on any operation; the scope each would need stays documented.
+    The same app with a key declares them all."""
+    schema = create_app(Settings(api_keys=[])).openapi()
+    assert "securitySchemes" not in schema.get("components", {})
+    operations = [op for ops in schema["paths"].values() for op in ops.values()]
+    assert not [op["operationId"] for op in operations if "security" in op]
+    assert not [op["operationId"] for op in operations if {"401", "403"} & set(op["responses"])]
+    scopes = {op["operationId"]: op.get("x-required-scope") for op in operations}
+    assert scopes["delete_model"] == "admin" and scopes["verify"] == "query"
+    keyed = create_app(Settings(api_keys=[entry_for("k" * 32, ["admin"])])).openapi()
+    assert keyed["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+    verify = next(
+        op
+        for ops in keyed["paths"].values()
+        for op in ops.values()
+        if op["operationId"] == "verify"
+    )
+    assert verify["security"] == [{"apiKey": []}] and {"401", "403"} <= set(verify["responses"])
 
 
 def test_every_http_route_has_a_declared_scope_or_is_open() -> None:
