@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
+from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI
@@ -189,7 +190,7 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
     app = FastAPIOffline(
         **_NO_OTEL,
         title="opml-service",
-        version="1.0.0",
+        version=metadata.version("opml-service"),  # the package's: one version number
         summary="Streaming online metric learning (OPML / COPML) with a durable Redis log.",
         description=WS_DESCRIPTION,
         lifespan=lifespan,
