@@ -11,6 +11,7 @@ module and that no import cycle exists anywhere in ``service/``):
   numpy/numba; no web, Redis or asyncio). Imports nothing of the service.
 * ``errors.py`` -- the domain's errors (a slug and a sentence each). Imports nothing.
 * ``config.py`` -- every setting (pydantic-settings, ``OPML_*``). Imports nothing.
+* ``logs.py`` -- the logging configuration of the command line (one format). Imports nothing.
 * ``telemetry.py`` -- the Prometheus telemetry (event series) and each model's bound series. Imports
   ``core``.
 * ``storage/`` -- Redis: key names, byte layouts, the Lua scripts (``storage/lua/``), one store

@@ -24,6 +24,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "service.errors": (),
     "service.config": (),
     "service.security": (),
+    "service.logs": (),
     "service.telemetry": ("service.core",),
     "service.storage": ("service.core", "service.errors", "service.storage"),
     "service.engine": (
