@@ -85,8 +85,9 @@ async def _open(
             raise invalid(["path", "name"], f"must match {NAME_PATTERN}")
         return await models.lookup(name)
     except ServiceError as exc:
-        await websocket.send_json({"error": problem(exc), "id": None})
-        await websocket.close(CLOSE_NOT_FOUND if status_of(exc) == 404 else 1008)
+        with contextlib.suppress(WebSocketDisconnect):  # the client left: nobody to tell
+            await websocket.send_json({"error": problem(exc), "id": None})
+            await websocket.close(CLOSE_NOT_FOUND if status_of(exc) == 404 else 1008)
         return None
 
 
