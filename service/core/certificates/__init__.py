@@ -81,7 +81,7 @@ how delta was split); its links are the modules of this package:
 * :mod:`~service.core.certificates.held_out`: the held-out test-set bound of the served metric;
 * :mod:`~service.core.certificates.pac_bayes`: the PAC-Bayes-kl bound of the Gibbs metric;
 * this module: what is certified (:data:`QUANTITIES`), the arguments, and the answer
-  (:class:`Certificate`, :class:`Bound`, :class:`NotEnoughHeldOut`).
+  (:class:`Certificate`, :class:`Bound`, :class:`NotEnoughHeldOut`, :class:`NoHoldout`).
 
 The threshold a certificate certifies by default is the served one, whose rule lives beside
 the calibration it comes from (:func:`service.core.calibration.served_threshold`).
@@ -162,6 +162,16 @@ class NotEnoughHeldOut(Exception):
         super().__init__(message)
         self.needed = needed
         self.have = have
+
+
+class NoHoldout(ValueError):
+    """The model holds no samples out (``holdout = 0`` and none flagged), so the held-out
+    tools have nothing to certify on; a ValueError like the other "not configured" refusals,
+    its own type so that the service can say how its users fix it.
+
+    >>> isinstance(NoHoldout("holdout: none"), ValueError)
+    True
+    """
 
 
 # -- the answer ------------------------------------------------------------------------------
