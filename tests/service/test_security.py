@@ -60,7 +60,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
         server.url,
         OPML_API_KEYS=json.dumps(entries),
         OPML_HOST="0.0.0.0",
-        OPML_LOG_LEVEL="info",  # access log and start-up lines: checked for leaked keys
+        OPML_LOG_LEVEL="info",  # start-up lines and ...
+        OPML_ACCESS_LOG="true",  # ... the access log: checked for leaked keys
     ) as proc:
         with proc.client() as client:
             bearer = {"Authorization": f"Bearer {KEYS['admin']}"}
