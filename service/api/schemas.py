@@ -4,7 +4,7 @@ Shapes are checked here; values that depend on the model (vector length ``dim``,
 are checked in one place, :mod:`service.api.parsing`.
 
 The wire contract: one declarative class per body and answer (models, samples, queries,
-gallery, certificates); the HTTP API reference (docs/reference/http-api.md) is generated
+gallery, certificates); the HTTP API reference of the docs (docs/reference/) is generated
 from it.
 """
 
