@@ -120,10 +120,11 @@ def _media(content: dict[str, Any] | None) -> str:
 
 
 def http_page() -> str:
+    from service.app import create_app
     from service.config import Settings
-    from service.main import create_app
 
-    schema = create_app(Settings()).openapi()
+    # with a key configured, so that the page shows each operation's 401/403 answers
+    schema = create_app(Settings(api_keys=["0" * 64 + ":admin"])).openapi()
     lines = [
         "# HTTP API\n",
         GENERATED.rstrip() + "\n",

@@ -11,7 +11,8 @@ module and that no import cycle exists anywhere in ``service/``):
   numpy/numba; no web, Redis or asyncio). Imports nothing of the service.
 * ``errors.py`` -- the domain's errors (a slug and a sentence each). Imports nothing.
 * ``config.py`` -- every setting (pydantic-settings, ``OPML_*``). Imports nothing.
-* ``telemetry.py`` -- the Prometheus event metrics and each model's bound series. Imports
+* ``logs.py`` -- the logging configuration of the command line (one format). Imports nothing.
+* ``telemetry.py`` -- the Prometheus telemetry (event series) and each model's bound series. Imports
   ``core``.
 * ``storage/`` -- Redis: key names, byte layouts, the Lua scripts (``storage/lua/``), one store
   class per aggregate over a shared client, the group-commit queue, the append lane (one
@@ -26,7 +27,7 @@ module and that no import cycle exists anywhere in ``service/``):
   problem+json (the one mapping from errors to answers, middleware included), authentication,
   limits, observation. Imports all of the above but ``storage``, and not ``redis``: what it
   needs of the log comes through the engine.
-* ``main.py`` (the app factory: Redis, engine and API wired together) and ``__main__.py`` (the
+* ``app.py`` (the app factory: Redis, engine and API wired together) and ``__main__.py`` (the
   command line) may import anything.
 
 The engine takes arrays and class keys and answers with snapshots, results and statuses; it

@@ -48,6 +48,7 @@ import uvicorn
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
+from service import logs
 from service.config import Settings
 from service.security import KeyRing, bind_refusal, is_loopback
 
@@ -203,9 +204,7 @@ def _stopped(signum: int, _: FrameType | None) -> None:
 
 def serve(settings: Settings) -> int | signal.Signals:
     """Run the service until a signal stops it; the exit status, or the stopping signal."""
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs.configure(settings.log_level, settings.access_log)
     try:
         keys = KeyRing.parse(settings.api_keys)
     except ValueError as exc:
@@ -303,7 +302,7 @@ def _redis(settings: Settings) -> Iterator[str | None]:
 def _config(settings: Settings, redis_url: str) -> uvicorn.Config:
     # here, not at the top: --help and usage errors load neither numba nor FastAPI
     from service.api.protocol import ProblemHttpProtocol
-    from service.main import create_app
+    from service.app import create_app
 
     return uvicorn.Config(
         create_app(settings, redis_url=redis_url),
@@ -315,6 +314,8 @@ def _config(settings: Settings, redis_url: str) -> uvicorn.Config:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # the root logger's, set by logs.configure: one format for every line
+        access_log=logs.access_log(settings.log_level, settings.access_log),
         ws_max_size=settings.max_body_bytes,
         ws_per_message_deflate=settings.ws_per_message_deflate,
         timeout_graceful_shutdown=5,

@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug", "trace"] = Field(
         default="info", description="uvicorn / service log level."
     )
+    access_log: bool = Field(
+        default=False,
+        description="Log a line per HTTP request and WebSocket connection (uvicorn's access "
+        "log, at info level). Off by default (the telemetry counts requests); on at "
+        "OPML_LOG_LEVEL=debug too.",
+    )
 
     # -- security (service/security.py) --
     api_keys: list[str] = Field(

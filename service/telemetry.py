@@ -1,4 +1,5 @@
-"""Prometheus metrics of the service, all defined here (``GET /metrics`` renders them).
+"""The service's telemetry: its Prometheus series, all defined here (``GET /metrics`` renders
+them).
 
 Names follow Prometheus conventions: ``opml_`` prefix, base units (``_seconds``, ``_ratio``),
 ``_total`` for counters, histograms for latencies. Labels are bounded: ``model`` (at most
@@ -186,7 +187,7 @@ _PER_MODEL = (
 )
 
 
-class ModelMetrics:
+class ModelTelemetry:
     """The labelled series of one model, bound once (``.labels()`` costs a label tuple, a lock
     and a lookup per call; these are attribute reads on the hot paths).
 
@@ -196,7 +197,7 @@ class ModelMetrics:
     equals ``opml_model_version``, and :meth:`not_learning` removes them when the model moves
     to another process. :meth:`forget` removes every series of the model (it was deleted).
 
-    >>> m = ModelMetrics("doctest-model")
+    >>> m = ModelTelemetry("doctest-model")
     >>> m.learning({"passive": 2})
     >>> m.steps["passive"]._value.get()
     2.0
@@ -257,8 +258,8 @@ class ModelMetrics:
 
     def forget(self) -> None:
         """Remove every labelled series of this model."""
-        for metric in _PER_MODEL:
-            metric.remove_by_labels({"model": self.name})
+        for family in _PER_MODEL:
+            family.remove_by_labels({"model": self.name})
 
 
 def render() -> tuple[bytes, str]:

@@ -4,7 +4,7 @@ One table (:data:`ROUTE_SCOPES`, by method and path template) says which scope e
 needs; :class:`Authenticate` (ASGI middleware) checks the caller's key *before* routing, so no
 route reads a body for an unauthenticated client (it cannot make the service parse a 32 MiB
 body). A ``/v1/`` request missing from the table needs ``admin`` (fail closed); paths outside
-``/v1/`` (probes, metrics, docs) are open.
+``/v1/`` (probes, ``/metrics``, docs) are open.
 
 Where the key comes from:
 
@@ -232,30 +232,40 @@ class Authenticate:
         await problem_response(outcome)(scope, receive, send)
 
 
-def document(app: FastAPI) -> None:
-    """Add the Bearer scheme and each operation's scope (``x-required-scope``) to OpenAPI."""
+def document(app: FastAPI, keys: KeyRing) -> None:
+    """Add each operation's scope (``x-required-scope``) to OpenAPI and, when ``keys`` are
+    configured, the Bearer scheme, each operation's ``security`` and its 401/403 answers.
+    Without keys nothing is asked for, so the schema declares no scheme: Swagger UI then shows
+    no Authorize button, which would only suggest a key is needed."""
 
     def edit(schema: dict[str, Any]) -> None:
+        for path, operations in schema.get("paths", {}).items():
+            for method, operation in operations.items():
+                needed = required_scope(method.upper(), path)
+                if needed is not None:
+                    operation["x-required-scope"] = needed.value
+                    if keys.enabled:
+                        _secured(operation, needed)
+        if not keys.enabled:
+            return
         schema.setdefault("components", {})["securitySchemes"] = {
             "apiKey": {
                 "type": "http",
                 "scheme": "bearer",
                 "description": "An API key (OPML_API_KEYS); scopes: query, ingest, admin "
                 "(admin includes the others), optionally limited to some models (403 for "
-                "others). Needed only when keys are configured.",
+                "others).",
             }
         }
-        for path, operations in schema.get("paths", {}).items():
-            for method, operation in operations.items():
-                needed = required_scope(method.upper(), path)
-                if needed is not None:
-                    operation["security"] = [{"apiKey": []}]
-                    operation["x-required-scope"] = needed.value
-                    responses = operation.setdefault("responses", {})
-                    responses.setdefault("401", {"description": "No or unknown API key."})
-                    responses.setdefault(
-                        "403",
-                        {"description": f"Key lacks '{needed}', or does not cover the model."},
-                    )
 
     extend_openapi(app, edit)
+
+
+def _secured(operation: dict[str, Any], needed: KeyScope) -> None:
+    """Mark an OpenAPI ``operation`` as needing a key with scope ``needed``."""
+    operation["security"] = [{"apiKey": []}]
+    responses = operation.setdefault("responses", {})
+    responses.setdefault("401", {"description": "No or unknown API key."})
+    responses.setdefault(
+        "403", {"description": f"Key lacks '{needed}', or does not cover the model."}
+    )

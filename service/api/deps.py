@@ -23,7 +23,7 @@ from service.engine.registry import Registry
 B = TypeVar("B", bound=BaseModel)
 
 # ``async def`` on purpose: FastAPI runs a plain ``def`` dependency in its thread pool, a
-# thread hand-off per request (it cost ~100 us of CPU per query) for an attribute read.
+# thread hand-off per request (costly next to a query) for an attribute read.
 
 
 async def _models(request: Request) -> Registry:

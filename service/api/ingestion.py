@@ -67,9 +67,9 @@ def validate(
 def count_accepted(runtime: ModelRuntime, transport: str, result: IngestResult | Appended) -> None:
     """Count an append that went through (a replay as a replay)."""
     if result.replayed:
-        runtime.metrics.replays[transport].inc()
+        runtime.telemetry.replays[transport].inc()
     else:
-        runtime.metrics.accepted[transport].inc(result.last_seq - result.first_seq + 1)
+        runtime.telemetry.accepted[transport].inc(result.last_seq - result.first_seq + 1)
 
 
 def count_refused(runtime: ModelRuntime, transport: str, samples: int, exc: ServiceError) -> None:
@@ -77,4 +77,4 @@ def count_refused(runtime: ModelRuntime, transport: str, samples: int, exc: Serv
     unavailable)."""
     reason = exc.slug
     if reason != NotFound.slug:  # a vanished model has no series to count in
-        runtime.metrics.rejected(transport, reason, samples)
+        runtime.telemetry.rejected(transport, reason, samples)

@@ -2,9 +2,10 @@
 queries (``POST .../distance``, ``.../verify``, ``.../identify``) and ``GET /livez``; a pure
 optimisation, on by default (``OPML_LEAN_PATH``).
 
-FastAPI spends ~150-250 us of CPU per request on this machine before and after a route runs
+FastAPI spends a large share of a request's CPU before and after a route runs
 (its error and exception layers, matching every route, solving dependencies, serialising): most
-of what a naive client, one sample per request, costs. :class:`LeanPath` answers the hot
+of what a naive client, one sample per request, costs (docs/design/lean-path.md).
+:class:`LeanPath` answers the hot
 requests without that machinery by calling the very functions their routes call
 (:func:`~service.api.routes.samples.answer_ingest`, :func:`~service.api.routes.queries.
 answer_distance`, :func:`~service.api.routes.queries.answer_verify`,
@@ -18,9 +19,9 @@ problem_response` (an unexpected one by :func:`service.api.problems.unexpected`)
 handlers do. Requests it does not take (another path or method, a name that does not match the
 pattern, so that FastAPI answers 422 as usual) go to the application unchanged.
 
-It is the innermost of the service's ASGI layers (:mod:`service.main`): the HTTP metrics,
+It is the innermost of the service's ASGI layers (:mod:`service.app`): the HTTP telemetry,
 authentication, the body limit and owner routing wrap it as they wrap the routes (it sets
-``scope["route"]`` so the metrics see the route template), and each request it answers counts
+``scope["route"]`` so the telemetry sees the route template), and each request it answers counts
 in ``opml_http_lean_requests_total``.
 """
 
@@ -45,7 +46,7 @@ _HOT = ("samples", "distance", "verify", "identify")
 _PATH = re.compile(r"/v1/models/(" + NAME_PATTERN.strip("^$") + r")/(" + "|".join(_HOT) + ")")
 LIVEZ = "/livez"
 #: The routes this path stands in for, by the last segment of their template
-#: (``scope["route"]``: the metrics label by template).
+#: (``scope["route"]``: the telemetry labels by template).
 _ROUTES = {
     route.path.rsplit("/", 1)[-1]: route
     for module in (samples, queries, gallery, ops)

@@ -1,4 +1,4 @@
-"""What the API exposes for observation, besides the event metrics of :mod:`service.telemetry`:
+"""What the API exposes for observation, besides the event telemetry of :mod:`service.telemetry`:
 
 * :class:`ModelStateCollector` -- the per-model gauges (version, lag, classes, ``||L||_F``,
   hinge, accuracy, EER, threshold, the divergence monitor and the served step size (opml /
@@ -8,7 +8,7 @@
   to break any per-model series down by algorithm or step rule), read from each model's
   :class:`~service.engine.status.ModelStatus` when Prometheus scrapes: nothing is kept in sync,
   ages are computed with the service's own clock, and a deleted model simply stops appearing;
-* :class:`HttpMetrics` -- ASGI middleware for ``opml_http_request_duration_seconds`` (RED by
+* :class:`HttpTelemetry` -- ASGI middleware for ``opml_http_request_duration_seconds`` (RED by
   method, route template and status).
 """
 
@@ -65,8 +65,9 @@ _STATE = {
     "other processes export no state gauges for it.",
     "opml_checkpoint_age_seconds": "Seconds since the latest checkpoint was written (since "
     "the model was created if it has none), computed at scrape time.",
-    "opml_stability_step_mass_max": "Largest per-sample step mass max_i S_i (seed-specs 4.3): "
-    "a diagnostic of how much any one sample moved the metric, not a generalisation bound.",
+    "opml_stability_step_mass_max": "Largest per-sample step mass max_i S_i "
+    "(docs/algorithms/gradient.md): a diagnostic of how much any one sample moved the metric, "
+    "not a generalisation bound.",
 }
 #: Labels of ``opml_model_info`` besides ``model``.
 _INFO_LABELS = ["algorithm", "step"]
@@ -271,7 +272,7 @@ def _route_template(scope: Scope) -> str:
     return str(getattr(route, "path", "unmatched"))
 
 
-class HttpMetrics:
+class HttpTelemetry:
     """ASGI middleware: ``opml_http_request_duration_seconds`` by method, route, status.
 
     The histogram children are kept by (method, route template, status): a bounded set (the

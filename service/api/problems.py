@@ -141,7 +141,7 @@ def unexpected(exc: Exception) -> JSONResponse:
 
 async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
     """The handler of any other exception (the app's, and the one around the service's own
-    ASGI layers, :func:`service.main.create_app`)."""
+    ASGI layers, :func:`service.app.create_app`)."""
     return unexpected(exc)
 
 

@@ -3,8 +3,9 @@
 Shapes are checked here; values that depend on the model (vector length ``dim``, finiteness)
 are checked in one place, :mod:`service.api.parsing`.
 
-Why one module of this length: it is the wire contract, one declarative class per body and
-answer (models, samples, queries, gallery, certificates), read together with ``api.md``.
+The wire contract: one declarative class per body and answer (models, samples, queries,
+gallery, certificates); the HTTP API reference of the docs (docs/reference/) is generated
+from it.
 """
 
 from __future__ import annotations
@@ -234,9 +235,9 @@ class Updates(BaseModel):
 
 
 class Stability(BaseModel):
-    """Step-mass diagnostics (seed-specs 4.3), **not a generalisation bound**. ``gamma_hat``
-    (Lemma 2's uniform-stability parameter) is a number only for ``sgd_psd`` with ``mu > 0``
-    while every step met the non-expansiveness condition; null otherwise."""
+    """Step-mass diagnostics (docs/algorithms/gradient.md), **not a generalisation bound**.
+    ``gamma_hat`` (Lemma 2's uniform-stability parameter) is a number only for ``sgd_psd`` with ``mu
+    > 0`` while every step met the non-expansiveness condition; null otherwise."""
 
     n_samples: int
     n_steps: int = Field(description="Steps that formed a triplet or pair.")
@@ -382,8 +383,8 @@ class ModelOut(BaseModel):
     verification: Verification
     stability: Stability | None = Field(
         default=None,
-        description="Step-mass diagnostics (seed-specs 4.3), not a bound; null only from a "
-        "process of a version without them.",
+        description="Step-mass diagnostics (docs/algorithms/gradient.md), not a bound; null "
+        "only from a process of a version without them.",
     )
     metric_puts: int = Field(description="PUT metric replacements applied.")
     health: Health | None = Field(
@@ -768,7 +769,9 @@ class CertificateOut(BaseModel):
         "metric around it (PAC-Bayes), not the served one."
     )
     delta: float = Field(description="The three bounds hold together with prob. >= 1 - delta.")
-    validity: str = Field(description='"per-request" (see the README for sequences).')
+    validity: str = Field(
+        description='"per-request" (a sequence of certificates: docs/guides/certificates.md).'
+    )
     threshold: float = Field(description="The verification threshold certified (squared).")
     threshold_source: str
     samples: int = Field(description="Samples the tuples came from (reservoir or bound set).")

@@ -2,8 +2,8 @@
 
 Li, Gao, Wang, Zhou, Huo, Shi, "OPML: A One-Pass Closed-Form Solution for Online Metric
 Learning", Pattern Recognition 75 (2018). Equation numbers in this package are the paper's
-unless a module says otherwise; the gradient learners follow ``seed-specs.md`` (seeds 000,
-002 and 003).
+unless a module says otherwise; the gradient learners and BRM cite theirs
+(docs/algorithms/gradient.md, docs/algorithms/brm.md).
 
 * :class:`Learner` / :class:`LearnerConfig` -- the online learner the service runs
   (``algorithm``: ``opml``, ``copml``, ``sgd``, ``sgd_psd``, ``brm``; :mod:`service.core.learner`,

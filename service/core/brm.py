@@ -1,5 +1,5 @@
-"""Boundary-restricted metric (BRM, seed 003: Chen et al., Mach. Learn. 2023) and its online
-BRM-R step. Equation numbers are seed 003's; ``(3.x)`` are sections of ``seed-specs.md``.
+"""Boundary-restricted metric (BRM: Chen et al., Mach. Learn. 2023, the BRM paper) and its online
+BRM-R step. Equation numbers are the BRM paper's; in our words in docs/algorithms/brm.md.
 
 Definition 1, Eq. (7), with ``phi(x) = L x`` (``h = d``) and ``p = 2``: for ``z = L (x - y)``,
 
@@ -7,14 +7,14 @@ Definition 1, Eq. (7), with ``phi(x) = L x`` (``h = d``) and ``p = 2``: for ``z 
 
 for a smooth increasing restriction ``R: [0, inf) -> [0, B)`` (Table 1, :data:`RESTRICTIONS`).
 The service uses the paper's default, the Sigmoid ``R(t) = 2/(1 + e^{-t}) - 1 = tanh(t/2)``
-(``B = 1``), computed with ``tanh``, which saturates instead of overflowing (3.2). Squared
+(``B = 1``), computed with ``tanh``, which saturates instead of overflowing. Squared
 restricted distances ``D_R^2`` are in [0, 1): the service's squared-distance convention. In
 float64 a saturated coordinate rounds to ``R = 1``; reported values are kept in the open interval
 by rounding them down to the largest double below ``B`` (resp. ``B^2``), the nearest
 representable value that keeps Theorem 2's range.
 
 BRM is not a function of the Mahalanobis matrix ``M = L^T L``: it restricts each coordinate of
-``L (x - y)``, so ``L`` and ``Q L`` (``Q`` orthogonal) give different ``D_R`` (3.2). A ``brm``
+``L (x - y)``, so ``L`` and ``Q L`` (``Q`` orthogonal) give different ``D_R``. A ``brm``
 learner uses its own ``L``; any other metric is measured with the canonical factor
 ``L_c = Lambda^{1/2} V^T`` of ``M = V Lambda V^T`` (:func:`canonical_factor`: principal axes,
 orthogonal rows; it depends on ``M`` only, up to the order and signs of its rows, which
@@ -29,7 +29,7 @@ Online BRM-R step (3.4; squared-``D`` form of the relative loss Eq. (3) with the
 the same fused rank-two kernel as OPML and L-SGD with left vectors ``g(L a), g(L b)``
 (``|g_i| <= 1/(3 sqrt 3)``), O(d^2) per sample. The factor ``R'`` vanishes in saturation: far
 pairs stop being pushed (the "restriction"). The margin ``tau`` must be below ``B^2 = 1`` (the
-largest possible gap of ``D_R^2``); default 0.1 (3.7). No closed form: the loss is not
+largest possible gap of ``D_R^2``); default 0.1. No closed form: the loss is not
 quadratic in ``L``.
 
 Step rules as in :mod:`service.core.sgd`. For ``descent`` (derived here): ``t -> tanh(t/2)^2``
@@ -39,7 +39,7 @@ has second derivative ``(1 - u)(1 - 3u)/2`` with ``u = tanh^2(t/2)``, in ``[-1/6
 the loss (descent lemma); the rule takes ``eta_t = min(eta, kappa / beta)``, ``kappa <= 0.5``:
 a quarter of that limit, the same fraction as L-SGD's ``s lambda_+ <= kappa`` of its limit 2.
 
-What seed 003's theory is worth (3.5): Theorem 2 (``D_R`` is a pseudo-metric; tested) holds;
+What the BRM paper's theory is worth: Theorem 2 (``D_R`` is a pseudo-metric; tested) holds;
 Theorems 1 and 4 are not certificates (asymptotic, resp. for a fixed ``phi``) and are not
 reported.
 
@@ -82,7 +82,7 @@ def _isru(t: Array) -> Array:
     return out
 
 
-#: Table 1 of seed 003: ``name -> (R, B = sup R, R'(0))`` for ``t >= 0`` (``t = inf`` allowed).
+#: Table 1 of the BRM paper: ``name -> (R, B = sup R, R'(0))`` for ``t >= 0`` (``t = inf`` allowed).
 RESTRICTIONS: dict[str, tuple[Callable[[Array], Array], float, float]] = {
     "sigmoid": (lambda t: np.tanh(0.5 * t), 1.0, 0.5),
     "softsign": (_softsign, 1.0, 1.0),
@@ -120,7 +120,7 @@ def restricted_root(squared: Any) -> Array:
 
 
 def canonical_factor(L: Any) -> Array:
-    """``L_c = Lambda^{1/2} V^T`` with ``L^T L = V Lambda V^T`` (3.2), from the SVD of ``L``
+    """``L_c = Lambda^{1/2} V^T`` with ``L^T L = V Lambda V^T``, from the SVD of ``L``
     (``L = U S V^T`` gives ``Lambda = S^2`` without squaring ``L``'s condition number).
 
     >>> Q = np.array([[0.0, 1.0], [-1.0, 0.0]])

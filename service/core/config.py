@@ -45,7 +45,7 @@ Normalize = Literal["none", "l2"]
 #: eta        > 0: the gradient step eta_0. Defaults: ``sgd`` ``gamma / 2`` and ``sgd_psd``
 #:            ``2 gamma`` with the paper rule's ``gamma = 1e-3``, the first-order match of
 #:            OPML's step (``L -> L (I - gamma A)``, i.e. ``M -> M - 2 gamma A`` near
-#:            ``M = I``); ``brm`` 0.3, the best of a grid on seed 003's Table 3 protocol
+#:            ``M = I``); ``brm`` 0.3, the best of a grid on the BRM paper's Table 3 protocol
 #:            (``benchmarks/results/learners.md``)
 #: mu         >= 0: smoothing of the loss (0 = hinge); ``sgd``, ``sgd_psd``
 #: kappa      in (0, 0.5]: the descent cap's fraction (1 would collapse a direction of L)

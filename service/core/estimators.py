@@ -384,7 +384,8 @@ class SGD(_OnlineMetric):
 
 class SGDPSD(_OnlineMetric):
     """Projected online SGD on ``M = L^T L`` (``algorithm="sgd_psd"``, :mod:`service.core.psd`):
-    the convex setting of seed 000; **O(d^3) per active step** (an eigendecomposition).
+    the convex setting of the stability paper (Chen et al., AAAI 2023); **O(d^3) per active step**
+    (an eigendecomposition).
 
     Hyperparameters as :class:`SGD`, with defaults ``eta = 2e-3`` (a step on ``M``: near
     ``M = I`` it matches OPML's and SGD's steps on ``L`` to first order) and ``mu = 0.1`` (a
@@ -426,7 +427,7 @@ class SGDPSD(_OnlineMetric):
 
 class BRM(_OnlineMetric):
     """Online BRM-R (``algorithm="brm"``, :mod:`service.core.brm`): ``L`` learned under the
-    boundary-restricted distance ``D_R`` (seed 003, Sigmoid, ``p = 2``).
+    boundary-restricted distance ``D_R`` (the BRM paper, Sigmoid, ``p = 2``).
 
     ``margin`` is the relative loss's ``tau`` on ``D_R^2`` (< 1); ``restricted_distance``
     gives ``D_R`` of pairs; ``pair_distance`` stays the Mahalanobis distance of ``L``.
@@ -460,7 +461,8 @@ class BRM(_OnlineMetric):
         self.random_state = random_state
 
     def restricted_distance(self, pairs: Any) -> Array:
-        """``D_R`` (seed 003 Eq. 7) of ``pairs``, an array of shape ``(n, 2, d)``; in [0, 1)."""
+        """``D_R`` (the BRM paper's Eq. 7) of ``pairs``, an array of shape ``(n, 2,
+        d)``; in [0, 1)."""
         learner = self._fitted()
         arr = _check_pairs(pairs, learner.dim)
         return restricted_root(learner.restricted_squared_pairs(arr[:, 0], arr[:, 1]))

@@ -28,11 +28,8 @@ Keeping ``Z`` up to date (:meth:`TransformedGallery.refreshed`)
 The incremental form is taken when ``32 r' <= d`` and the gallery has more than ``d`` rows,
 else the full one (:func:`refresh_method`). The float32 product runs at BLAS speed and the
 incremental pass is bound by memory traffic (three n x d streams), so the incremental form
-pays only for small changes: 10,000 rows, one BLAS thread, full against r' = 4 / 8 / 16:
-d = 128 3.4 against 3.1 / 3.6 / 5.9 ms, d = 256 12.6 against 8.4 / 10.0 / 17.5 ms, d = 512
-41.8 against 26.2 / 33.1 / 44.3 ms (at d = 128, r' = 4 the two are within the noise across
-runs; ``benchmarks/results/identify.md`` has both costs by ``d``, ``n`` and
-``r'``). At d = 128 that is one triplet step per refresh: a learner
+pays only for small changes of large matrices (``benchmarks/results/identify.md`` has both
+costs by ``d``, ``n`` and ``r'``). At d = 128 that is one triplet step per refresh: a learner
 publishing batches of hundreds of steps (20,000 samples/s) gets full refreshes; the
 incremental form is for the slow stream of a step or a few per version at larger d.
 

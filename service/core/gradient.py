@@ -75,7 +75,7 @@ def slope(z: float, mu: float) -> float:
 
 @njit(**_JIT)  # type: ignore[untyped-decorator]
 def rule_step(rule: int, eta: float, t: int) -> float:
-    """The rule's step before any cap: ``eta``, or ``eta / sqrt(t)`` for ``invsqrt`` (1.6)."""
+    """The rule's step before any cap: ``eta``, or ``eta / sqrt(t)`` for ``invsqrt``."""
     if rule == INVSQRT:
         return eta / math.sqrt(t)
     return eta
@@ -137,7 +137,7 @@ def sgd_triplet(
     margin: float,
     out: Array,
 ) -> tuple[int, float, float, float]:
-    """One L-SGD step (1.5) on ``L~`` in place (served ``L = scale * L~``); ``ab = [a; b]``.
+    """One L-SGD step on ``L~`` in place (served ``L = scale * L~``); ``ab = [a; b]``.
 
     Writes ``z, d_pos, d_neg, eta_t`` to ``out`` (NaN where none); returns the outcome code,
     the new ``scale`` and bound of ``max |L~_ij|``, and ``||A||_F^2``.
@@ -167,7 +167,7 @@ def sgd_triplet(
         return PASSIVE, scale, bound, fro2
     eta_t = eta_r
     if rule == DESCENT and plus > 0.0:
-        eta_t = min(eta_r, kappa / (2.0 * q * plus))  # s lambda_+ <= kappa (1.6)
+        eta_t = min(eta_r, kappa / (2.0 * q * plus))  # s lambda_+ <= kappa
     g = 2.0 * eta_t * q / c  # s / c: the rank-two term in units of L~ after the decay
     increment = g * (math.sqrt(n_a) * math.sqrt(s_a) + math.sqrt(n_b) * math.sqrt(s_b))
     new_bound = _admit(L, bound, increment)
@@ -192,7 +192,7 @@ def sgd_pair(
     rule: int,
     out: Array,
 ) -> tuple[int, float, float, float]:
-    """The explicit twin of COPML's pair step (1.8): ``L <- c L - s (L delta) delta^T``.
+    """The explicit twin of COPML's pair step: ``L <- c L - s (L delta) delta^T``.
 
     ``s = gamma_pair`` under the step rule (``descent``: ``s ||delta||^2 <= kappa``); ``out[1]``
     is ``||L delta||^2`` before the step and ``out[3]`` the equivalent ``eta = s / 2``.
@@ -251,7 +251,7 @@ def brm_triplet(
     margin: float,
     out: Array,
 ) -> tuple[int, float, float, float]:
-    """One online BRM-R step (3.4) on ``L~`` in place (served ``L = scale * L~``).
+    """One online BRM-R step on ``L~`` in place (served ``L = scale * L~``).
 
     Writes ``ell``'s argument ``D_R^2(a) - D_R^2(b) + tau``, ``D_R^2(a)``, ``D_R^2(b)`` and
     ``eta_t`` to ``out`` (NaN where none); returns the outcome code, the new ``scale`` and bound

@@ -44,7 +44,7 @@ from numpy.typing import NDArray
 
 from service.core._validation import Array, check_matrix, check_metric
 from service.core.calibration import Calibration, served_threshold
-from service.core.certificates import Certificate, Method, check_certificate_args
+from service.core.certificates import Certificate, Method, NoHoldout, check_certificate_args
 from service.core.certificates.held_out import certify_held_out
 from service.core.certificates.pac_bayes import certify_pac_bayes
 from service.core.update import OUTCOMES, StepResults
@@ -407,7 +407,7 @@ class Holdout:
                 stream=self.bound_window.total,
             )
         if self.config.holdout == 0.0 and not self.reservoir.total:
-            raise ValueError(
+            raise NoHoldout(
                 "holdout: this model holds no samples out (holdout = 0 and none flagged): "
                 "configure holdout > 0, or flag held-out samples with learn_many(..., "
                 "holdout=mask)"

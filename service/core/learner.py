@@ -15,9 +15,9 @@ Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and g
   calibrator);
 * ``sgd``: online SGD on the (smoothed) triplet margin loss for the same ``L``, OPML's explicit
   twin, O(d^2): :mod:`service.core.sgd`;
-* ``sgd_psd``: projected SGD on ``M = L^T L``, the convex setting of seed 000, O(d^3) per
-  active step: :mod:`service.core.psd`;
-* ``brm``: online BRM-R, learning ``L`` under the boundary-restricted distance (seed 003),
+* ``sgd_psd``: projected SGD on ``M = L^T L``, the convex setting of the stability paper
+  (Chen et al., AAAI 2023), O(d^3) per active step: :mod:`service.core.psd`;
+* ``brm``: online BRM-R, learning ``L`` under the boundary-restricted distance (the BRM paper),
   O(d^2): :mod:`service.core.brm`. Its verification calibrator works on ``D_R^2``.
 
 ``step`` is one field whose values depend on the algorithm: ``"scaled"`` (default) or
@@ -613,7 +613,7 @@ class Learner:
         return self._metric_view().transform(X)
 
     def restricted_squared_distances(self, a: Any, B: Any) -> Array:
-        """``D_R^2(a, b_i)`` in [0, 1) for every row ``b_i`` of ``B`` (seed 003 Eq. 7;
+        """``D_R^2(a, b_i)`` in [0, 1) for every row ``b_i`` of ``B`` (the BRM paper's Eq. 7;
         :meth:`MetricView.restricted_squared_distances`)."""
         return self._metric_view().restricted_squared_distances(a, B)
 
@@ -626,7 +626,7 @@ class Learner:
         return self._metric_view().restricted_squared_distance(a, b)
 
     def restricted_distance(self, a: Any, b: Any) -> float:
-        """``D_R(a, b)`` in [0, 1) (seed 003 Eq. 7)."""
+        """``D_R(a, b)`` in [0, 1) (the BRM paper's Eq. 7)."""
         return self._metric_view().restricted_distance(a, b)
 
     # -- diagnostics -----------------------------------------------------------------------

@@ -1,15 +1,15 @@
-"""Projected online SGD on ``M = L^T L`` (M-SGD, ``seed-specs.md`` 1.4-1.5): the convex setting
-of seed 000 (Chen et al., AAAI 2023), with its sign error fixed (1.2.1).
+"""Projected online SGD on ``M = L^T L`` (M-SGD, docs/algorithms/gradient.md): the convex setting
+of the stability paper (Chen et al., AAAI 2023), with its sign error fixed.
 
-The parameter is the symmetric matrix ``M``; the loss ``l_mu(<M, A> + margin)`` (1.3, with
+The parameter is the symmetric matrix ``M``; the loss ``l_mu(<M, A> + margin)`` (with
 ``A = a a^T - b b^T``) is convex in ``M``, ``||A||_F``-Lipschitz and ``||A||_F^2 / (4 mu)``-smooth
-(``mu > 0``). One step (1.5) with seed 000's regulariser ``lam ||M||_F^2``::
+(``mu > 0``). One step with the paper's regulariser ``lam ||M||_F^2``::
 
     z = a^T M a - b^T M b + margin,   q = sigma(z / mu)   (q = 1[z > 0] for mu = 0)
     M <- Pi_PSD( (1 - 2 eta lam) M - eta_t q A ),    Pi_PSD(W) = V max(Lambda, 0) V^T
 
 Projecting onto the PSD cone after every active step is what the theory covers (a lazy
-projection would be an approximation); it is non-expansive, so seed 000's Lemma 2 recursion is
+projection would be an approximation); it is non-expansive, so the paper's Lemma 2 recursion is
 unchanged. Step rules and ``kappa`` as in :mod:`service.core.sgd` (``descent``:
 ``eta_t q lambda_+ <= kappa / 2``; the decay uses the rule's step).
 
@@ -18,7 +18,7 @@ Cost: **O(d^3) per active step** (one ``L^T L`` product and one symmetric eigend
 O(d^2) for the decay when ``lam > 0``. Use it for small ``d`` or where the convex theory is the
 point; ``sgd`` is the O(d^2) learner.
 
-Serving needs a factor of ``M`` (1.4): the learner's state is ``L = Lambda_+^{1/2} V^T``, read off
+Serving needs a factor of ``M``: the learner's state is ``L = Lambda_+^{1/2} V^T``, read off
 the projection's eigendecomposition at no extra cost, and ``M = L^T L`` is rebuilt from it at the
 next active step (the same O(d^3) as keeping ``M``, and one state for queries and checkpoints).
 Guards as in :mod:`service.core.sgd`; besides, a step whose projected ``M`` would have an
@@ -48,7 +48,7 @@ def psd_step(
     kappa: float = 0.5,
     t: int = 1,
 ) -> StepResult:
-    """One M-SGD step (1.5, no decay) on the C-contiguous factor ``L`` of ``M`` in place.
+    """One M-SGD step (no decay) on the C-contiguous factor ``L`` of ``M`` in place.
 
     >>> L = np.eye(2)
     >>> r = psd_step(L, np.array([[0.0, 0.1], [1.0, 0.0]]), eta=0.25)

@@ -28,10 +28,10 @@ class is known), so every guard and the divergence monitor apply to it.
   the arrivals' only, measured before the arrival was learned (rehearsed samples have been
   learned from, so their distances are not out-of-sample).
 * **Cost.** ``1 + rehearsal`` steps per arrival (CPU), plus the reservoir's memory.
-* **Stability diagnostics.** Seed 000's step masses are kept per buffer entry; a rehearsed
-  sample is a new entry, so with ``rehearsal > 0`` ``step_mass_max`` is per occurrence, not
-  per sample (:mod:`service.core.stability`; OPML/COPML have no stability parameter either
-  way).
+* **Stability diagnostics.** The stability paper's step masses are kept per buffer entry;
+  a rehearsed sample is a new entry, so with ``rehearsal > 0`` ``step_mass_max`` is per
+  occurrence, not per sample (:mod:`service.core.stability`; OPML/COPML have no
+  stability parameter either way).
 
 Measured (``benchmarks/results/scales.md``, the ``auto_rehearsal`` column): ``gamma="auto"`` with
 ``rehearsal=2`` against batch ITML on the 64-d cells.

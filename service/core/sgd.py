@@ -1,40 +1,40 @@
 """Online SGD on the triplet margin loss for the linear ``L``: OPML's explicit twin.
 
-Equation numbers ``(1.x)`` are sections of ``seed-specs.md`` (seeds 000, Chen et al., AAAI 2023,
-and 002, Jaffe 2020); ``Eq. n`` without a section are the OPML paper's.
+In our words in docs/algorithms/gradient.md. Sources: the stability paper (Chen et al., AAAI 2023)
+and Jaffe 2020 (gradient descent on the triplet margin loss); ``Eq. n`` alone is the OPML paper's.
 
-The loss (1.3) of a triplet with ``z = ||L a||^2 - ||L b||^2 + margin`` (Eq. 4's hinge argument)::
+The loss of a triplet with ``z = ||L a||^2 - ||L b||^2 + margin`` (Eq. 4's hinge argument)::
 
-    l_mu(z) = mu * softplus(z / mu)        mu > 0   (002's LogSumExp smoothing; 000's corrected
+    l_mu(z) = mu * softplus(z / mu)        mu > 0   (Jaffe's LogSumExp smoothing; the corrected
     l_0(z)  = max(0, z)                    mu = 0    logistic loss is mu = 1; OPML's hinge)
 
-Seed 000's Eq. (6) has the sign flipped (``log(1 + exp(-z))`` rewards wrong orderings, 1.2.1);
+The stability paper's Eq. (6) has the sign flipped (``log(1 + exp(-z))`` rewards wrong orderings);
 this module implements ``softplus(+z)``. Its gradient is ``grad_L l = 2 q L A`` with
 ``A = a a^T - b b^T`` and ``q = sigma(z / mu)`` (``q = 1[z > 0]`` for the hinge), so one step
-(1.5) with the decay ``lam`` of the regulariser ``lam ||L||_F^2`` is the rank-two update
+with the decay ``lam`` of the regulariser ``lam ||L||_F^2`` is the rank-two update
 
     L <- (1 - 2 eta lam) L - s (L a) a^T + s (L b) b^T,      s = 2 eta_t q,
 
 computed like OPML's (Eq. 16): one BLAS pass for ``[L a, L b]`` and one fused pass adding both
 rank-one terms: O(d^2), no ``d x d`` temporary, the same memory traffic as the OPML step.
 With ``mu = 0``, ``lam = 0`` and ``2 eta = gamma`` it equals OPML's ``L (I + gamma A)^{-1}`` to
-first order in ``gamma`` (1.6): OPML is the implicit (backward-Euler) step, this the explicit one.
+first order in ``gamma``: OPML is the implicit (backward-Euler) step, this the explicit one.
 
 Step-size rules (1.6; ``t`` is the sample's 1-based position in the stream, so the rule does
 not depend on how samples are batched):
 
 * ``constant``: ``eta_t = eta``;
-* ``invsqrt``: ``eta_t = eta / sqrt(t)`` (seed 000's Corollary 1 schedule);
+* ``invsqrt``: ``eta_t = eta / sqrt(t)`` (the stability paper's Corollary 1 schedule);
 * ``descent`` (default): ``eta_t = min(eta, kappa / (2 q lambda_+))`` with ``lambda_+`` the
   largest eigenvalue of ``A`` (O(1), Lemma 2's closed form). Then ``s lambda_+ <= kappa`` and
   the triplet's ``z`` does not increase (002's descent condition, derived for the ``d x d``
   case in 1.6). ``kappa = 1`` is 002's greedy step, which makes ``I - s A`` singular: one step
-  deletes a direction of ``L`` (1.2.6); ``kappa`` is therefore limited to ``(0, 0.5]``, where
+  deletes a direction of ``L``; ``kappa`` is therefore limited to ``(0, 0.5]``, where
   ``I - s A`` keeps every eigenvalue on ``span{a, b}`` at or above 1/2.
 
 The decay factor ``c = 1 - 2 eta lam`` uses the rule's step (before the descent cap), so it does
 not depend on the data; it is applied lazily: ``L = scale * L~``, ``scale <- c scale`` costs
-O(1), and the rank-two term is added to ``L~`` divided by ``c`` (1.5 step 5). When ``scale``
+O(1), and the rank-two term is added to ``L~`` divided by ``c``. When ``scale``
 falls below :data:`~service.core.gradient.MIN_SCALE` = 1e-16, ``L~`` is renormalised
 (O(d^2), once every ``ln(1e16) / (2 eta lam)`` steps). The spec suggests 1e-100; 1e-16 keeps
 ``L~`` within 16 orders of magnitude of the served ``L``, so the overflow guard below, which
@@ -43,7 +43,7 @@ bounds ``L~``, never refuses a step that the served ``L`` could take.
 The kernels (:func:`~service.core.gradient.sgd_triplet`, :func:`~service.core.gradient.sgd_pair`)
 are in :mod:`service.core.gradient` with the loop, for numba's cache (see there).
 
-Cold start (1.8): while one class has been seen, COPML's pair step (Eq. 20) has the explicit
+Cold start: while one class has been seen, COPML's pair step (Eq. 20) has the explicit
 twin ``L <- L - s (L delta) delta^T`` with ``s = gamma_pair`` (``2 eta = gamma_1``), under the
 same rule (``descent``: ``s ||delta||^2 <= kappa``) and decay.
 
@@ -66,7 +66,7 @@ from service.core.update import StepResult, _single
 
 
 def triplet_loss(z: Any, mu: float) -> Array:
-    """``l_mu(z) = mu * softplus(z / mu)`` (``mu > 0``), ``max(0, z)`` (``mu = 0``) (1.3).
+    """``l_mu(z) = mu * softplus(z / mu)`` (``mu > 0``), ``max(0, z)`` (``mu = 0``).
 
     Evaluated as ``max(z, 0) + mu * log1p(exp(-|z| / mu))``: no overflow for any ``z``.
 

@@ -1,9 +1,9 @@
-"""Step-mass stability diagnostics (``seed-specs.md`` 4.3), labelled as such: **never a
-generalisation bound**. Seed 000 (Chen et al., AAAI 2023) is the source; its theorem and lemma
-numbers are used below.
+"""Step-mass stability diagnostics (docs/algorithms/gradient.md), labelled as such: **never a
+generalisation bound**. The stability paper (Chen et al., AAAI 2023) is the source; its theorem and
+lemma numbers are used below.
 
 Replacing one sample's *features* (label kept) leaves the service's triplet index sequence
-unchanged: it depends only on the labels and the seeded generator. Seed 000's Lemma 2
+unchanged: it depends only on the labels and the seeded generator. The paper's Lemma 2
 recursion then bounds how far two runs drift apart by ``2 L^2`` times the total step size of
 the steps that used the replaced sample. Per sample ``i`` the learner keeps its step mass
 
@@ -24,11 +24,11 @@ new buffer entry, so its masses are kept per occurrence: ``n_samples`` counts oc
 * ``step_mass_max = max_i S_i``, ``step_mass_mean``, ``n_samples``, ``n_steps`` (steps that
   formed a triplet or pair), ``n_updates`` (steps that changed ``L``), ``sum_eta``;
 * ``B = max ||x||`` of the learned (normalised) samples, ``lipschitz = 8 B^2`` (a bound of
-  ``||A_t||_F``), ``smoothness = 16 B^4 / mu`` (the tight constant; seed 000 writes ``64 B^4``
-  with ``|phi''| <= 1`` where ``1/4`` holds, 1.2.2) for ``sgd`` / ``sgd_psd`` with ``mu > 0``;
+  ``||A_t||_F``), ``smoothness = 16 B^4 / mu`` (the tight constant; the paper writes ``64 B^4``
+  with ``|phi''| <= 1`` where ``1/4`` holds) for ``sgd`` / ``sgd_psd`` with ``mu > 0``;
 * ``capped_fraction``: the share of steps whose step met the 1-expansiveness condition of the
   regularised loss, ``eta_t (alpha_t + 2 lam) <= 2`` with ``alpha_t = ||A_t||_F^2 / (4 mu)``
-  (seed 000's ``eta <= 2 / alpha``, Lemma 2 / Lemma 9, with the decay's curvature added);
+  (the paper's ``eta <= 2 / alpha``, Lemma 2 / Lemma 9, with the decay's curvature added);
   ``sgd`` / ``sgd_psd`` only (for ``mu = 0`` the loss is not smooth and no step meets it);
 * ``gamma_hat = 2 (8 B^2)^2 step_mass_max``: Lemma 2's uniform-stability parameter for feature
   replacement, reported **only** for ``sgd_psd`` with ``mu > 0`` when every step met the
@@ -36,8 +36,8 @@ new buffer entry, so its masses are kept per occurrence: ``n_samples`` counts oc
   other algorithm and setting. OPML, COPML, L-SGD and BRM are not convex in their parameter
   (4.2): no stability parameter exists for them.
 
-Even where ``gamma_hat`` is defined, seed 000's Theorem 1 turns it into a bound that is
-numerically vacuous at any realistic ``n`` (:func:`theorem1_bound`; 4.2.3): the honest
+Even where ``gamma_hat`` is defined, the paper's Theorem 1 turns it into a bound that is
+numerically vacuous at any realistic ``n`` (:func:`theorem1_bound`): the honest
 generalisation numbers are held-out certificates, not these diagnostics.
 """
 
@@ -273,11 +273,11 @@ class StabilityTracker:
 
 
 def theorem1_bound(gamma: float, M: float, n_pos: int, n_neg: int, delta: float) -> float:
-    """Seed 000's Theorem 1 (4.1): ``|R_S - R| <= 6 gamma + e (8 M (1/sqrt(n-) +
+    """The stability paper's Theorem 1: ``|R_S - R| <= 6 gamma + e (8 M (1/sqrt(n-) +
     2/sqrt(n+ - 1)) sqrt(log(e/delta)) + 24 sqrt(2) gamma (ceil(log2(n- (n+ - 1)^2)) + 2)
     log(e/delta))`` for a ``gamma``-uniformly stable algorithm and a loss bounded by ``M``.
 
-    A calculator, to show what the theory would give: with everything granted (4.2.3) it is
+    A calculator, to show what the theory would give: with everything granted it is
     above 1 for a loss of range 1 at any realistic ``n``, i.e. vacuous.
 
     >>> round(theorem1_bound(gamma=0.06, M=1.0, n_pos=10**4, n_neg=10**4, delta=0.05), 1)

@@ -1,5 +1,5 @@
 """The read-only view of one metric ``L``: the queries (Eqs. 1, 2, and the restricted distance
-of seed 003) and nothing that learns.
+of the BRM paper) and nothing that learns.
 
 A :class:`MetricView` is what a published snapshot holds for its queries, and what a
 :class:`~service.core.learner.Learner` answers its own queries with (a view of its current ``L``,
@@ -24,8 +24,8 @@ from service.core.brm import canonical_factor, restricted_root, restricted_squar
 from service.core.config import LearnerConfig
 from service.core.normalize import normalize_rows, normalized_minus
 
-#: One-to-many queries go through the gallery in blocks of this many rows, so that a block of
-#: differences and its image stay in the core's L2 cache (one pass over the gallery in memory).
+#: One-to-many queries go through the candidate rows ``B`` in blocks of this many rows, so that
+#: a block of differences and its image stay in the core's L2 cache (one pass over ``B``).
 _QUERY_BLOCK = 1024
 
 
@@ -102,8 +102,8 @@ class MetricView:
     def squared_distances(self, a: Any, B: Any) -> Array:
         """``||L(a - b_i)||^2`` for every row ``b_i`` of ``B`` (one to many).
 
-        The gallery is processed in blocks of :data:`_QUERY_BLOCK` rows (normalise, subtract
-        ``a``, map, square-sum while the block is in cache). A large gallery (at least 4d rows)
+        ``B`` is processed in blocks of :data:`_QUERY_BLOCK` rows (normalise, subtract
+        ``a``, map, square-sum while the block is in cache). A large ``B`` (at least 4d rows)
         is mapped by ``R``, the triangular factor of ``L = QR`` (``||L x|| = ||R x||``, ``Q``
         orthogonal): a triangular product (BLAS ``dtrmm``) is half the multiply-adds of
         ``x L^T``. ``R`` is computed once per ``L`` (O(d^3), amortised over those 4d rows and
@@ -147,10 +147,10 @@ class MetricView:
             out: Array = self._prepare(X, "X") @ self._L.T
         return out
 
-    # -- the restricted distance (seed 003, service.core.brm) --------------------------------
+    # -- the restricted distance (the BRM paper, service.core.brm) ---------------------------
 
     def _restricted_factor(self) -> Array:
-        """``brm``: its own ``L``; any other metric: the canonical factor of ``M`` (3.2),
+        """``brm``: its own ``L``; any other metric: the canonical factor of ``M``,
         computed once per ``L`` (O(d^3))."""
         if self.config.algorithm == "brm":
             return self._L
@@ -159,9 +159,9 @@ class MetricView:
         return self._canonical
 
     def restricted_squared_distances(self, a: Any, B: Any) -> Array:
-        """``D_R^2(a, b_i)`` in [0, 1) for every row ``b_i`` of ``B`` (seed 003 Eq. 7, Sigmoid,
-        ``p = 2``): ``(1/d) sum_j tanh(|z_j| / 2)^2`` with ``z = L_R (a - b_i)``, ``L_R`` the
-        learner's own ``L`` for ``brm`` and the canonical factor of ``M`` otherwise.
+        """``D_R^2(a, b_i)`` in [0, 1) for every row ``b_i`` of ``B`` (the BRM paper's Eq. 7,
+        Sigmoid, ``p = 2``): ``(1/d) sum_j tanh(|z_j| / 2)^2`` with ``z = L_R (a - b_i)``,
+        ``L_R`` the learner's own ``L`` for ``brm`` and the canonical factor of ``M`` otherwise.
 
         Never NaN: each difference is scaled by its largest entry before it is mapped, so a
         coordinate beyond float64 is ``inf`` and saturates (``R = 1``).
@@ -201,6 +201,6 @@ class MetricView:
         return float(self.restricted_squared_distances(a, row)[0])
 
     def restricted_distance(self, a: Any, b: Any) -> float:
-        """``D_R(a, b)`` in [0, 1) (seed 003 Eq. 7; a saturated distance reads as the largest
+        """``D_R(a, b)`` in [0, 1) (the BRM paper's Eq. 7; a saturated distance reads as the largest
         double below 1)."""
         return float(restricted_root(self.restricted_squared_distance(a, b)))

@@ -36,9 +36,8 @@ BATCH_WORK = 1 << 24
 MIN_BATCH = 32
 #: Most unapplied samples under the automatic backpressure bound (OPML_MAX_UNAPPLIED = 0): two
 #: batches of the default OPML_BATCH_MAX, so that at d <= 64 too the writer finds its next full
-#: batch logged when it finishes one (a cap of 2048 kept its batches at half size and left it
-#: waiting for appends: binary frames of 256 at d = 64, 147k -> 171k samples/s and lag p99
-#: 25 -> 67 ms, measured ad hoc at commit 9e2ebf0).
+#: batch logged when it finishes one; a smaller cap leaves it waiting for appends with
+#: half-full batches (docs/design/single-writer-log.md).
 AUTO_UNAPPLIED = 8192
 
 

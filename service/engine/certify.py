@@ -25,11 +25,19 @@ import asyncio
 import functools
 from concurrent.futures import ThreadPoolExecutor
 
-from service.core.certificates import Certificate, Method, NotEnoughHeldOut
+from service.core.certificates import Certificate, Method, NoHoldout, NotEnoughHeldOut
 from service.core.holdout import Holdout
 from service.engine.snapshot import Snapshot
 from service.errors import NotCertifiable
 
+#: The refusal of a model without held-out samples, in the service's terms: the fraction is part
+#: of the model's configuration, chosen when it is created; single samples can be flagged.
+NO_HOLDOUT = (
+    "this model holds no samples out, so there is nothing to certify on: the held-out fraction "
+    'is chosen when the model is created ("holdout": e.g. 0.2 in its configuration, 0 by '
+    'default; it cannot be changed later), or samples are flagged when sent ("holdout": true '
+    "on each sample to hold out)"
+)
 #: One thread: certificates are rare and CPU-bound; the machine's cores belong to the learners.
 _THREADS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="opml-certificate")
 
@@ -54,5 +62,7 @@ async def certify(
         return await asyncio.get_running_loop().run_in_executor(_THREADS, compute)
     except NotEnoughHeldOut as exc:
         raise NotCertifiable(str(exc), needed=exc.needed, have=exc.have) from None
+    except NoHoldout:  # the core's hint names learn_many's arguments: the service's users
+        raise NotCertifiable(NO_HOLDOUT) from None
     except ValueError as exc:  # the model is not configured for this method
         raise NotCertifiable(str(exc)) from None

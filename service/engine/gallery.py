@@ -30,12 +30,8 @@ views and matches, and knows no HTTP.
     then slow down (the view lags) rather than the answers; a refresh that a ``min_version``
     read waits for runs at the normal priority.
 
-  Ad hoc runs of the 10,000 x 128 phase of ``benchmarks/identify.py`` (identify p99 during
-  that ingestion, the target is 5 ms): a float64 refresh with half a core 6.3-6.6 ms, with a
-  quarter 5.2-5.9 ms, with an eighth 4.8-5.0 ms; with no refresh at all 3.4-3.6 ms (the floor
-  the ingestion sets); the float32 refresh with an eighth 4.4-5.5 ms at normal priority,
-  4.1-4.6 ms at nice 19 (as built: 3.8-6.0 ms over four more runs, the lower priority's own
-  effect within that spread). ``min_version`` waits until the view is transformed to at
+  Both keep identify's latency near the floor the ingestion itself sets
+  (``benchmarks/results/identify.md``). ``min_version`` waits until the view is transformed to at
   least that version; such a wait cuts the pause short.
 * **One change at a time.** Enrols, deletes and refreshes hold one lock (an enrol may wait for
   a refresh in flight); a write to Redis and its application in memory are shielded from
@@ -215,14 +211,14 @@ class Gallery:
         store: Store,
         settings: Settings,
         board: SnapshotBoard,
-        metrics: telemetry.ModelMetrics,
+        series: telemetry.ModelTelemetry,
     ) -> None:
         self.name = name
         self.config = config
         self.store = store
         self.settings = settings
         self.board = board
-        self.metrics = metrics
+        self.telemetry = series
         snap = board.current
         self.view = GalleryView(TransformedGallery.empty(snap.L), [], snap)
         self.closed = False
@@ -302,7 +298,7 @@ class Gallery:
                     ttl_ms=self.settings.idempotency_ttl_s * 1000,
                     max_items=limit,
                     max_records=self.settings.idempotency_max_records,
-                    on_dropped=self.metrics.records_dropped.inc,
+                    on_dropped=self.telemetry.records_dropped.inc,
                 )
             except NoSuchModel:
                 raise NotFound(f"model {self.name!r} does not exist") from None
@@ -447,7 +443,7 @@ class Gallery:
         )
         took = time.perf_counter() - started
         if method != "unchanged" and rows.n:
-            self.metrics.gallery_refresh[method].observe(took)
+            self.telemetry.gallery_refresh[method].observe(took)
         self._publish(GalleryView(rows, view.items, snap))
         return took
 

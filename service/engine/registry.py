@@ -8,7 +8,7 @@ process that should be is decided by rendezvous hashing over the live members
 process joins or leaves.
 
 A placement loop runs every third of ``OPML_LEASE_TTL_S``: heartbeat (membership), follow the
-registry (models created or deleted through other processes), then for each model renew the
+model index (models created or deleted through other processes), then for each model renew the
 lease of the models this process learns and should keep, hand over gracefully those that
 should move (final checkpoint, then release), and take the ones that should be here once their
 lease is free (load checkpoint + replay the log tail, in the background). A graceful stop
@@ -16,7 +16,7 @@ leaves the membership and hands everything over at once; a process that dies los
 when its leases expire (within the TTL).
 
 Appends made through any process but the model's owner are announced on the model's own
-pub/sub channel (:mod:`service.storage.notices`) by the append script itself (the owner wakes its
+wake channel (:mod:`service.storage.notices`) by the append script itself (the owner wakes its
 writer directly). The listener here subscribes to the channels of the models this process
 learns or should learn, and to no others (an append costs one notification in the whole
 deployment, not one per process); it wakes the owner's writer at once, and also retries the
@@ -66,7 +66,7 @@ class Registry:
         self.loaded = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = asyncio.Event()  # the loops stop when it is set (see engine/tasks.py)
-        self._lock = asyncio.Lock()  # create / delete / registry sync
+        self._lock = asyncio.Lock()  # create / delete / model index sync
         self._tried: dict[str, float] = {}  # model -> monotonic time of the last take-over try
         self._placed = 0  # bumped whenever placement may have changed (the listener follows)
         #: This process in lease values and the members hash: its advertised URL (no two live
@@ -94,8 +94,8 @@ class Registry:
                 if version < (6, 2):
                     log.error("Redis %s is too old; 6.2 or newer is needed", version)
                 async with self._lock:
-                    # the registry may lag behind the models (see service.storage.models)
-                    await self.store.repair_registry()
+                    # the model index may lag behind the models (see service.storage.models)
+                    await self.store.repair_index()
                 await self._round()
                 break
             except Unavailable as exc:
@@ -135,7 +135,7 @@ class Registry:
         """One round of the placement loop (see the module docstring)."""
         await self.membership.heartbeat()
         async with self._lock:
-            await self._sync_registry()
+            await self._sync_models()
         for runtime in list(self.runtimes.values()):
             await self._place(runtime)
         self._placed += 1  # members may have come or gone
@@ -160,7 +160,7 @@ class Registry:
                     runtime.activate()
                     self._placed += 1
 
-    async def _sync_registry(self) -> None:
+    async def _sync_models(self) -> None:
         """Follow the models created and deleted through other processes."""
         names = await self.store.model_names()
         stamps = await self.store.created_stamps(sorted(set(names) | set(self.runtimes)))
@@ -190,12 +190,12 @@ class Registry:
         await runtime.close()
         self.runtimes.pop(runtime.name, None)
         self._tried.pop(runtime.name, None)
-        runtime.metrics.forget()
+        runtime.telemetry.forget()
         self._placed += 1
 
     async def _listen(self) -> None:
-        """Wake the writer of a model when any process appended to it (pub/sub, one channel
-        per model; see the module docstring)."""
+        """Wake the writer of a model when another process appended to it, or take over a
+        model just released (pub/sub, one wake channel per model; see the module docstring)."""
         await self.loaded.wait()
         while not self._closing.is_set():
             heard: set[str] = set()
@@ -211,7 +211,7 @@ class Registry:
                             continue
                         name = await listener.next_model(_LISTEN_TICK_S)
                         if name is not None:
-                            self._appended(name)
+                            self._woken(name)
             except Unavailable as exc:  # the writers still poll; resubscribe shortly
                 log.debug("append notifications interrupted (%s); resubscribing", exc)
                 await self._pause(1.0)
@@ -231,7 +231,7 @@ class Registry:
         heard.clear()
         heard.update(wanted)
 
-    def _appended(self, name: str) -> None:
+    def _woken(self, name: str) -> None:
         runtime = self.runtimes.get(name)
         if runtime is None:
             return
@@ -287,7 +287,7 @@ class Registry:
 
     async def gone(self, name: str) -> bool:
         """True (and the model forgotten here) when ``name`` no longer exists in Redis: it was
-        deleted through another process since our last registry round."""
+        deleted through another process since our last model index round."""
         if await self.store.model_exists(name):
             return False
         async with self._lock:

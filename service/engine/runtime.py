@@ -202,7 +202,7 @@ class ModelRuntime:
         self.created_at = created_at
         self.settings = settings
         self.store = store
-        self.metrics = telemetry.ModelMetrics(name)
+        self.telemetry = telemetry.ModelTelemetry(name)
         self.lease = Lease(store, name, owner_id, created_at, settings.lease_ttl_s)
         self.results = StepResultsKeeper()
         self.writer: Writer | None = None
@@ -212,7 +212,7 @@ class ModelRuntime:
         self.admission = Admission(
             unapplied_limit(sample_work(config), settings.batch_max, settings.max_unapplied),
             self,
-            self.metrics.backpressure_wait,
+            self.telemetry.backpressure_wait,
         )
         #: Appends to this model's log go through one queue (group commit). They are
         #: announced on the model's channel only when another process learns the model: the
@@ -227,7 +227,7 @@ class ModelRuntime:
             max_samples=settings.max_batch,
             max_records=settings.idempotency_max_records,
             announce=lambda: self.writer is None,
-            on_dropped=self.metrics.records_dropped.inc,
+            on_dropped=self.telemetry.records_dropped.inc,
         )
         self.closed = False  # deleted (or the service is stopping)
         #: Held while the model is taken, kept, handed over or closed (the registry's placement
@@ -290,10 +290,10 @@ class ModelRuntime:
             self.settings,
             self.lease,
             self.results,
-            self.metrics,
+            self.telemetry,
         )
         gallery = Gallery(
-            self.name, self.config, self.store, self.settings, writer.board, self.metrics
+            self.name, self.config, self.store, self.settings, writer.board, self.telemetry
         )
         self.writer, self._gallery = writer, gallery
 
@@ -345,7 +345,7 @@ class ModelRuntime:
             log.warning("%s: final checkpoint failed (%s); the log keeps it", self.name, exc)
         finally:
             self.lease.token = None
-            self.metrics.not_learning()
+            self.telemetry.not_learning()
             self._logged = max(self._logged, writer.logged_seq)
 
     async def close(self) -> None:

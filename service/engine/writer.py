@@ -51,7 +51,7 @@ ack-to-applied lag, at most :data:`APPLY_DELAY_S`.
 
 It wakes when an append through this process logged something (:meth:`Writer.notify_logged`),
 when the registry relays an append made through another process (the model's
-``opml:appended:<name>`` pub/sub channel: :meth:`Writer.heard_append`), and at the latest every
+``opml:wake:<name>`` pub/sub channel: :meth:`Writer.heard_append`), and at the latest every
 ``OPML_POLL_INTERVAL_S``. A wake that brings nothing new (within :data:`SKIP_READ_S` of a read,
 no other process heard from, every append of this process that returned applied) reads
 nothing: what the log holds beyond the applied state is then this process's appends in flight,
@@ -111,27 +111,18 @@ PUBLISH_DELAY_S = 0.02
 SKIP_READ_S = PUBLISH_DELAY_S
 #: Offered appends are learned together once this many samples are offered (at most a batch)...
 COALESCE_SAMPLES = 64
-#: ... or once the oldest of them was offered this long ago (see the module docstring). With
-#: one sample per request at 500/s a batch of ~10 samples cost ~0.5 ms of CPU, mostly fixed
-#: costs with cold caches (the snapshot, BLAS pinning, bookkeeping, the read beside it), so the
-#: fewer batches the cheaper each request: in alternated ad hoc runs at 500/s (``benchmarks.
-#: loadgen rest-one --rate 500`` against two services side by side), 50 ms instead of
-#: 20 gave 282-304 us (and once 502) of service CPU per request against 330-404 (medians 301
-#: and 341); 20 instead of 5 had saved ~40 us. The hold binds only while fewer than
-#: COALESCE_SAMPLES samples arrive per hold (1,280 samples/s); a waiter ends it at once; the
-#: ack never waits for it; it adds at most this much to the ack-to-applied lag.
+#: ... or once the oldest of them was offered this long ago: with a slow stream most of a
+#: batch's cost is fixed, so fewer, larger batches cost less per request. A waiter ends the
+#: hold at once and the ack never waits for it (docs/design/apply-hold.md).
 APPLY_DELAY_S = 0.05
-#: A hold with less than this left counts as over: uvloop's timers (libuv's) fire in whole
-#: milliseconds, often before a fractional deadline, and each wake short of it only waited
-#: again (one sample per request at 500/s: 3.3 such wakes per batch of ~3 samples).
+#: A hold with less than this left counts as over: the event loop's timers fire in whole
+#: milliseconds, often just before a fractional deadline (docs/design/apply-hold.md).
 HOLD_RESOLUTION_S = 0.001
 #: A batch of at most this many multiply-adds (:func:`sample_work` x samples) is applied on the
 #: event loop, not in a worker thread: 256 samples at d = 64, 16 at d = 256, one ``sgd_psd``
 #: sample at d = 64 (at most about a millisecond).
-#: A worker thread needs the GIL for the Python between its kernels, and behind a busy event
-#: loop it waits for it (up to the 5 ms switch interval) every time: one-sample JSON frames at
-#: d = 64 with 2^17 here made batches of ~180 samples take 12 ms in the thread (lag p99 114 ms)
-#: and 0.6 ms on the loop (lag p99 16 ms), at the same throughput.
+#: A small batch is faster on the loop than in a worker thread, which behind a busy event loop
+#: waits for the GIL (up to the 5 ms switch interval) between its kernels.
 INLINE_WORK = 1 << 20
 #: Latest applied samples kept per model for the console (``d`` floats each, in memory only).
 RECENT_SAMPLES = 512
@@ -148,14 +139,14 @@ class Writer:
         settings: Settings,
         lease: Lease,
         results: StepResultsKeeper,
-        metrics: telemetry.ModelMetrics,
+        series: telemetry.ModelTelemetry,
     ) -> None:
         self.name = name
         self.store = store
         self.settings = settings
         self.lease = lease
         self.results = results
-        self.metrics = metrics
+        self.telemetry = series
         self.learner = Learner(config)
         self.metric_puts = 0
         self.board = SnapshotBoard(Snapshot.of(self.learner, (0, 0), 0))
@@ -217,7 +208,7 @@ class Writer:
         self.notify_logged(await self.store.logged_seq(self.name))
         if fields is not None:
             self._restore(checkpoint.decode(*fields, dim=self.learner.dim))
-        self.metrics.learning(self.learner.counts)
+        self.telemetry.learning(self.learner.counts)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"writer:{self.name}")
@@ -306,11 +297,10 @@ class Writer:
 
     def _start_chore(self, job: Coroutine[Any, Any, None], what: str) -> None:
         """Run ``job`` (a Redis round trip: :meth:`_light_read` or a checkpoint write) as the
-        writer's one chore: beside the next batch rather than between two (each was ~4 ms in
-        Redis under ``appendfsync always`` behind the appends' fsyncs; awaited, they left the
-        learner idle ~30 % of the time at 190k samples/s). One at a time: a checkpoint's trim
-        would make a read running beside it find its entry gone. A failure is logged and the
-        chore falls due again."""
+        writer's one chore: beside the next batch rather than between two (each waits behind the
+        appends' fsyncs in Redis; awaited, they would leave the learner idle). One at a time: a
+        checkpoint's trim would make a read running beside it find its entry gone. A failure is
+        logged and the chore falls due again."""
 
         async def chore() -> None:
             try:
@@ -460,9 +450,9 @@ class Writer:
                     self._apply_entries, entries, decoded
                 )
             for seqs, results in runs:
-                self.metrics.count_steps(results.counts())
+                self.telemetry.count_steps(results.counts())
                 if self._replaying:
-                    self.metrics.replayed.inc(len(results))
+                    self.telemetry.replayed.inc(len(results))
                 self.results.record(seqs, results)
             self.unsaved.learned(samples, time.monotonic())
             self._per_entry = max(1.0, samples / len(entries))
@@ -470,7 +460,7 @@ class Writer:
                 self.recent.extend(rows, labels)
             self._fresh.clear()
             self._publish(snapshot)
-        self.metrics.update_duration.observe(time.perf_counter() - started)
+        self.telemetry.update_duration.observe(time.perf_counter() - started)
         self._certificate_due(snapshot.version)
 
     def _apply_entries(
@@ -638,7 +628,7 @@ class Writer:
                 fencing_token=pending.token,
             )
         except Fenced:
-            self.metrics.checkpoints_fenced.inc()
+            self.telemetry.checkpoints_fenced.inc()
             self.lease.lose(
                 f"Redis refused a checkpoint with the stale fencing token {pending.token}"
             )
@@ -649,7 +639,7 @@ class Writer:
             return
         self._saved = pending.applied
         self.checkpoint = CheckpointInfo(pending.version, pending.time)
-        self.metrics.checkpoint_duration.observe(time.perf_counter() - pending.started)
+        self.telemetry.checkpoint_duration.observe(time.perf_counter() - pending.started)
         log.debug("%s: checkpoint at %s", self.name, format_id(pending.applied))
 
 

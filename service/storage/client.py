@@ -9,7 +9,7 @@ to start. With one URL, :meth:`Connection.open` asks that node ``INFO cluster`` 
 are in :func:`_client_options`); several URLs always name a cluster (credentials and options
 come from the first). No script touches two slots, and the store uses no MULTI (its atomic
 reads are scripts too): every script works on one model's keys, which share the hash tag
-``{name}``; the registry set ``opml:models`` (its own slot) is only read or written by single
+``{name}``; the model index ``opml:models`` (its own slot) is only read or written by single
 commands and non-transactional pipelines, which the cluster client splits by node. MOVED / ASK
 are followed by the client.
 
@@ -101,10 +101,10 @@ def _client_options(timeout_s: float, retries: int) -> dict[str, Any]:
 class _CPacking:
     """Commands packed by hiredis's C packer (``hiredis.pack_command``), as redis-py's
     synchronous client does when hiredis is installed; its asyncio connections pack every
-    argument in Python, ~10 us per append group of eight arguments on a busy event loop (one
-    sample per WS frame: 11.8k -> 12.2k frames/s, measured ad hoc). The bytes are the same
-    (numbers as ``repr``, strings as UTF-8); an argument hiredis does not take (a bool, None, a
-    lone surrogate) goes to redis-py's own packer, which refuses it as it always did."""
+    argument in Python, a cost the one-sample-per-frame path pays per append
+    (docs/design/append-lane.md). The bytes are the same (numbers as ``repr``, strings as UTF-8); an
+    argument hiredis does not take (a bool, None, a lone surrogate) goes to redis-py's own packer,
+    which refuses it as it always did."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         head = args[0]  # a command name may hold its subcommand ("SCRIPT LOAD"): split it

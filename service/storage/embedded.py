@@ -10,14 +10,11 @@ this start's ``appendfsync`` and AOF rewrite size (``CONFIG SET``), as a spawned
 
 AOF compaction: Redis rewrites the AOF once it has doubled since the last rewrite and is at
 least ``auto-aof-rewrite-min-size``; Redis' default of 64 MB suits a cache, not a log of
-vectors. A stream of binary frames at d = 64 writes ~130 MB/s to the AOF, so the log (trimmed
-behind each checkpoint, a few MB) was rewritten every ~1.5 s, and Redis 6.2 ends each rewrite
-by writing the changes made meanwhile on its main thread: 50-80 ms in which no append is
-answered (``LATENCY HISTORY aof-rewrite-diff-write``), and the learner ran out of samples. The
-embedded server waits for 1 GB instead (``OPML_REDIS_AOF_REWRITE_MIN_MB``): the AOF takes up to
-that much disk beyond the data; replaying 1 GB of it at a restart took 0.33 s here. Ad hoc,
-binary frames of 256 at d = 64: 226k -> 238k samples/s fresh and 199k -> 221k after 20 s of
-one-sample JSON frames (whose idempotency records make each rewrite longer).
+vectors. A fast stream of binary frames would rewrite the AOF (trimmed behind each checkpoint,
+a few MB) every second or two, and Redis ends each rewrite by writing the changes made meanwhile
+on its main thread, a pause in which no append is answered. The embedded server waits for 1 GB
+instead (``OPML_REDIS_AOF_REWRITE_MIN_MB``): the AOF takes up to that much disk beyond the data,
+and replaying it at a restart takes a fraction of a second (docs/design/single-writer-log.md).
 
 Supervision: a watchdog thread waits for the server's exit (a pidfd, Linux >= 5.3: no polling,
 and it works for an adopted server too, which is not our child) and restarts it on the same dir

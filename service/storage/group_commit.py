@@ -124,9 +124,8 @@ class GroupCommit:
                 if self._pending:
                     # Let the tasks already woken run first: readers that this event-loop pass
                     # handed frames submit theirs, which then go in the next call instead of
-                    # waiting a whole round trip for the one after (one sample per WS frame,
-                    # 4 connections: 16.6-17.3k -> 18.4-20.7k samples/s in ad hoc A/B runs of
-                    # ``benchmarks.loadgen ws``).
+                    # waiting a whole round trip for the one after
+                    # (docs/design/single-writer-log.md).
                     await asyncio.sleep(0)
         finally:
             self._flusher = None

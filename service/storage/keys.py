@@ -1,8 +1,8 @@
 """Every Redis key name of the service, in one place.
 
 One model's keys share the hash tag ``{name}`` so a Lua script or MULTI touching them stays in
-one Redis Cluster slot. Outside the models' slots: the registry set and the members hash (each
-a key of its own, touched alone), and the pub/sub channel of appends.
+one Redis Cluster slot. Outside the models' slots: the model index and the members hash (each
+a key of its own, touched alone), and each model's wake channel (pub/sub).
 
 >>> ModelKeys("faces").log
 'opml:{faces}:log'
@@ -16,36 +16,37 @@ from dataclasses import dataclass
 
 PREFIX = "opml"
 
-#: Set of model names (the registry). Not hash-tagged: it spans models.
-REGISTRY = f"{PREFIX}:models"
+#: Set of model names (the model index). Not hash-tagged: it spans models.
+MODEL_INDEX = f"{PREFIX}:models"
 #: Hash of the live service processes: member id -> ``"<expiry ms> <info JSON>"`` (heartbeats).
 MEMBERS = f"{PREFIX}:members"
-#: Prefix of the models' pub/sub channels (:func:`appended_channel`).
-APPENDED = f"{PREFIX}:appended"
+#: Prefix of the models' wake channels (:func:`wake_channel`).
+WAKE = f"{PREFIX}:wake"
 
 
-def appended_channel(name: str) -> str:
-    """The pub/sub channel of model ``name``: the append script publishes the name on it after
-    each append, so the process that learns the model wakes at once, whichever process
-    appended. One channel per model: only the process that learns it (or should) subscribes,
-    so an append costs one notification in the whole deployment, not one per process.
+def wake_channel(name: str) -> str:
+    """The wake channel of model ``name``: the name is published on it when the model's owner
+    must act at once, after each append made through another process (by the append script)
+    and when a process releases the model (the one that should own it takes it). One channel
+    per model: only the process that learns it (or should) subscribes, so an append costs one
+    notification in the whole deployment, not one per process.
 
-    >>> appended_channel("faces")
-    'opml:appended:faces'
+    >>> wake_channel("faces")
+    'opml:wake:faces'
     """
-    return f"{APPENDED}:{name}"
+    return f"{WAKE}:{name}"
 
 
 def name_of_channel(channel: bytes) -> str:
-    """The model name of a channel made by :func:`appended_channel`.
+    """The model name of a channel made by :func:`wake_channel`.
 
-    >>> name_of_channel(b"opml:appended:faces")
+    >>> name_of_channel(b"opml:wake:faces")
     'faces'
     """
     text = channel.decode()
-    head = f"{APPENDED}:"
+    head = f"{WAKE}:"
     if not text.startswith(head):
-        raise ValueError(f"channel: {text!r} is not a model's append channel")
+        raise ValueError(f"channel: {text!r} is not a model's wake channel")
     return text[len(head) :]
 
 

@@ -1,12 +1,10 @@
 """The append lane: one pipelined connection to a single Redis server for the hot scripts.
 
 Every sample a client sends is acknowledged after its Lua append returned. Through redis-py's
-client that call costs ~100 us of CPU on this machine (its connection pool, retry and timeout
-layers and its Python reply path, per call), as much as the rest of a one-sample request; sent
-on a connection of our own, packed by hiredis and read by a hiredis reader in the connection's
-protocol, it costs ~40 us (an ad hoc probe: EVALSHA calls one after another to a local
-redis-server over TCP, 103 against 42 us of process CPU per call; in the service, 590 -> 450 us
-per one-sample request). :class:`Lane` is that connection; the store
+client that call costs about as much CPU as the rest of a one-sample request (its connection
+pool, retry and timeout layers and its Python reply path, per call); sent on a connection of our
+own, packed by hiredis and read by a hiredis reader in the connection's protocol, it costs less
+than half of that (docs/design/append-lane.md). :class:`Lane` is that connection; the store
 (:meth:`~service.storage.client.Connection.run_replicated`) sends the appends of samples and
 metrics through it when it can, everything else through redis-py.
 

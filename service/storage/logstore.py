@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from service.storage.client import Connection
 from service.storage.codec import StreamId, encode_labels, parse_id
 from service.storage.errors import Fenced, NoSuchModel, TooManyClasses, guarded
-from service.storage.keys import ModelKeys, appended_channel
+from service.storage.keys import ModelKeys, wake_channel
 
 
 class Appended(NamedTuple):
@@ -134,9 +134,7 @@ class LogStore:
 
     async def _confirmed(self, name: str, entry: StreamId) -> None:
         """Replicas have every log entry up to ``entry``: let the writers read that far."""
-        await self.conn.run(
-            "confirm", [ModelKeys(name).meta], [*entry, appended_channel(name), name]
-        )
+        await self.conn.run("confirm", [ModelKeys(name).meta], [*entry, wake_channel(name), name])
 
     async def append_groups(
         self,
@@ -160,7 +158,7 @@ class LogStore:
         it removed any."""
         keys = ModelKeys(name)
         # With replicas awaited the owner is woken by the confirmation instead (confirm.lua).
-        channel = appended_channel(name) if announce and not self.conn.wait_replicas else ""
+        channel = wake_channel(name) if announce and not self.conn.wait_replicas else ""
         args: list[Any] = [now_ms, ttl_ms, max_classes, len(groups), channel, name, max_records]
         for group in groups:
             if not group.keys:
@@ -200,7 +198,7 @@ class LogStore:
 
     async def append_metric(self, name: str, L: bytes) -> StreamId:
         keys = ModelKeys(name)
-        channel = "" if self.conn.wait_replicas else appended_channel(name)
+        channel = "" if self.conn.wait_replicas else wake_channel(name)
         out = await self.conn.run_replicated(
             "append_metric", [keys.meta, keys.log], [L, channel, name]
         )

@@ -1,11 +1,11 @@
 """The models aggregate: each model's meta hash (it exists if and only if its meta does) and the
-registry set that indexes the models.
+model index, the set of model names.
 
-The registry may lag behind the metas: create writes the meta first (``create.lua``) and then
+The model index may lag behind the metas: create writes the meta first (``create.lua``) and then
 adds the name; delete removes every key of the model, meta included, in one ``DEL`` (atomic: one
-slot) and then the name. So a crash between the two steps leaves, at worst, a registry name
+slot) and then the name. So a crash between the two steps leaves, at worst, a model index name
 without a meta (not a model: skipped and removed at start-up) or a meta whose name is missing
-from the registry (found at start-up by :meth:`ModelStore.repair_registry`, and at any time by
+from the model index (found at start-up by :meth:`ModelStore.repair_index`, and at any time by
 name through :meth:`ModelStore.model_exists`); never a model without its meta or half of a
 deleted model.
 """
@@ -18,14 +18,14 @@ from typing import Any, cast
 
 from service.storage.client import Connection
 from service.storage.errors import guarded
-from service.storage.keys import META_PATTERN, REGISTRY, ModelKeys, name_of_meta
+from service.storage.keys import META_PATTERN, MODEL_INDEX, ModelKeys, name_of_meta
 
 log = logging.getLogger("service.store")
 
 
 @guarded
 class ModelStore:
-    """The models' metas and their registry (every failure of Redis: Unavailable).
+    """The models' metas and their model index (every failure of Redis: Unavailable).
 
     >>> from service.storage.client import connect
     >>> ModelStore(Connection(connect("redis://127.0.0.1:1/0", 1.0))).conn.cluster
@@ -36,27 +36,27 @@ class ModelStore:
         self.conn = conn
 
     async def create_model(self, name: str, config: dict[str, Any], created_at: float) -> bool:
-        """Create the model (its meta hash), then index it in the registry; False if it
+        """Create the model (its meta hash), then add its name to the model index; False if it
         exists. A failure between the two leaves a model missing from the index, which
-        :meth:`repair_registry` and :meth:`model_exists` find."""
+        :meth:`repair_index` and :meth:`model_exists` find."""
         keys = ModelKeys(name)
         done = await self.conn.run("create", [keys.meta], [json.dumps(config), repr(created_at)])
         if done:
-            await self.conn.client.sadd(REGISTRY, name)
+            await self.conn.client.sadd(MODEL_INDEX, name)
         return bool(done)
 
     async def model_exists(self, name: str) -> bool:
-        """Whether the model exists (its meta does), whatever the registry says: one EXISTS."""
+        """Whether the model exists (its meta does), whatever the model index says: one EXISTS."""
         return bool(await self.conn.client.exists(ModelKeys(name).meta))
 
     async def model_names(self) -> list[str]:
-        """The registry: every model's name, and possibly a few names whose create or delete
+        """The model index: every model's name, and possibly a few names whose create or delete
         did not finish (their meta is missing: not models)."""
-        names = cast(set[bytes], await self.conn.client.smembers(REGISTRY))
+        names = cast(set[bytes], await self.conn.client.smembers(MODEL_INDEX))
         return sorted(n.decode() for n in names)
 
-    async def repair_registry(self) -> list[str]:
-        """Make the registry list exactly the models (start-up): remove names without a meta,
+    async def repair_index(self) -> list[str]:
+        """Make the model index list exactly the models (start-up): remove names without a meta,
         add metas whose name is missing; log each repair; return the models' names.
 
         Metas are found with ``SCAN MATCH opml:{*}:meta`` on every master (the cluster client
@@ -64,20 +64,20 @@ class ModelStore:
         registered = set(await self.model_names())
         metas = {name_of_meta(key) async for key in self.conn.client.scan_iter(META_PATTERN, 1000)}
         for name in sorted(metas - registered):
-            log.warning("model %r was missing from the registry (a create that did not "
+            log.warning("model %r was missing from the model index (a create that did not "
                         "finish); added", name)  # fmt: skip
-            await self.conn.client.sadd(REGISTRY, name)
+            await self.conn.client.sadd(MODEL_INDEX, name)
         dangling = sorted(registered - metas)
         if dangling:
-            await self.conn.client.srem(REGISTRY, *dangling)
+            await self.conn.client.srem(MODEL_INDEX, *dangling)
             # A create of that name may be under way: its meta written after our SCAN and its
             # name added before our SREM. Look again after the SREM and put such names back.
             for name in dangling:
                 if await self.model_exists(name):
-                    await self.conn.client.sadd(REGISTRY, name)
+                    await self.conn.client.sadd(MODEL_INDEX, name)
                     metas.add(name)
                 else:
-                    log.warning("registry name %r has no model (a create or delete that did "
+                    log.warning("model index name %r has no model (a create or delete that did "
                                 "not finish); removed", name)  # fmt: skip
         return sorted(metas)
 
@@ -95,6 +95,6 @@ class ModelStore:
 
     async def delete_model(self, name: str) -> None:
         """Remove every key of the model in one DEL (atomic: they share one slot; the model
-        stops existing with its meta), then its registry entry."""
+        stops existing with its meta), then its model index entry."""
         await self.conn.client.delete(*ModelKeys(name).all())
-        await self.conn.client.srem(REGISTRY, name)
+        await self.conn.client.srem(MODEL_INDEX, name)

@@ -1,6 +1,6 @@
-"""Pub/sub: each model's own channel, on which its appends (made through a process other than its
-owner) and its releases are announced, so that the process that learns it, or should, acts at
-once. The channel names (:func:`~service.storage.keys.appended_channel`) stay in this layer: the
+"""Pub/sub: each model's own wake channel, on which its appends (made through a process other
+than its owner) and its releases are announced, so that the process that learns it, or should,
+acts at once. The channel names (:func:`~service.storage.keys.wake_channel`) stay in this layer: the
 engine speaks of models.
 """
 
@@ -14,7 +14,7 @@ from redis.asyncio.client import PubSub
 
 from service.storage.client import Connection
 from service.storage.errors import guarded
-from service.storage.keys import appended_channel, name_of_channel
+from service.storage.keys import name_of_channel, wake_channel
 
 
 @guarded
@@ -35,11 +35,11 @@ class Listener:
 
     async def subscribe(self, names: Iterable[str]) -> None:
         """Listen to the models ``names`` too."""
-        await self._pubsub.subscribe(*(appended_channel(n) for n in names))
+        await self._pubsub.subscribe(*(wake_channel(n) for n in names))
 
     async def unsubscribe(self, names: Iterable[str]) -> None:
         """Stop listening to the models ``names``."""
-        await self._pubsub.unsubscribe(*(appended_channel(n) for n in names))
+        await self._pubsub.unsubscribe(*(wake_channel(n) for n in names))
 
     async def next_model(self, timeout: float) -> str | None:
         """The name of a model announced (an append or a release), or whose subscription
@@ -65,7 +65,7 @@ class Notices:
     async def notify(self, name: str) -> None:
         """Announce that model ``name`` needs its owner's attention (it was released: the
         process that should own it takes it now)."""
-        await self.conn.client.publish(appended_channel(name), name)
+        await self.conn.client.publish(wake_channel(name), name)
 
     def listen(self) -> Listener:
         """A subscription (``async with store.notices.listen() as listener``), to no model

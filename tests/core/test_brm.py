@@ -1,4 +1,4 @@
-"""The boundary-restricted distance and online BRM-R (seed 003; seed-specs 3.7.1-3.7.5)."""
+"""The boundary-restricted distance and online BRM-R (the BRM paper; docs/algorithms/brm.md)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def mixed_scale_points(n: int, d: int, rng: np.random.Generator) -> np.ndarray:
 
 
 def test_range_identity_and_symmetry() -> None:
-    """3.7.1: 0 <= D_R < 1 for random and 1e100-magnitude inputs; D_R(x, x) = 0; symmetric."""
+    """0 <= D_R < 1 for random and 1e100-magnitude inputs; D_R(x, x) = 0; symmetric."""
     d = 6
     rng = np.random.default_rng(0)
     learner = brm_learner(np.eye(d) + 0.5 * rng.normal(size=(d, d)))
@@ -39,7 +39,7 @@ def test_range_identity_and_symmetry() -> None:
 
 @pytest.mark.parametrize("restriction", sorted(RESTRICTIONS))
 def test_triangle_inequality_theorem_2(restriction: str) -> None:
-    """3.7.2: no violation (tolerance 1e-12) over 1e5 random triples of mixed scales."""
+    """No violation (tolerance 1e-12) over 1e5 random triples of mixed scales."""
     d, n = 5, 100_000
     rng = np.random.default_rng(1)
     L = rng.normal(size=(d, d))
@@ -71,7 +71,7 @@ def test_learner_triangle_inequality_and_table_1_sup() -> None:
 
 
 def test_small_scale_limit_theorem_3() -> None:
-    """3.7.3: |D_{cL}/c - R'(0) d_L| / (R'(0) d_L) <= 1e-4 at c = 1e-3 (d_L with the 1/h
+    """|D_{cL}/c - R'(0) d_L| / (R'(0) d_L) <= 1e-4 at c = 1e-3 (d_L with the 1/h
     normalisation, p = 2)."""
     d = 8
     rng = np.random.default_rng(3)
@@ -87,7 +87,7 @@ def test_small_scale_limit_theorem_3() -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_brm_step_is_minus_eta_times_the_loss_gradient(seed: int) -> None:
-    """3.7.4: the online BRM-R step's direction against central finite differences of
+    """The online BRM-R step's direction against central finite differences of
     ell(L) = D_R^2(L a) - D_R^2(L b) + tau (relative 1e-6)."""
     d, eta, tau = 6, 1e-3, 0.1
     rng = np.random.default_rng(seed)
@@ -109,7 +109,7 @@ def test_brm_step_is_minus_eta_times_the_loss_gradient(seed: int) -> None:
 
 
 def test_canonical_factor_depends_on_M_only() -> None:
-    """3.7.5: after canonicalisation, Q L gives the BRM distance of L (distinct eigenvalues);
+    """After canonicalisation, Q L gives the BRM distance of L (distinct eigenvalues);
     without it (a brm learner uses its own L) the rotation changes it."""
     d = 6
     rng = np.random.default_rng(4)

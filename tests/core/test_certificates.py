@@ -1,4 +1,5 @@
-"""Risk certificates: the numerics of seed-specs 2.7 / 2.9, coverage, tuples, PAC-Bayes."""
+"""Risk certificates: the numerics (docs/algorithms/certificates.md), coverage, tuples,
+PAC-Bayes."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from service.core.certificates.pac_bayes import (
 )
 from service.core.certificates.tuples import MIN_TUPLES, Tuples, build_tuples
 
-# -- seed-specs 2.9: exact numbers -----------------------------------------------------------
+# -- exact numbers (computed independently) ------------------------------------------------
 
 #: m, k, delta, Bin^-1 (= Clopper-Pearson), kl^-1(k/m, ln(1/delta)/m), Hoeffding.
 TABLE = [
@@ -63,7 +64,7 @@ def test_table_vectorised_equals_elementwise() -> None:
 
 
 def test_xi_and_kl_inv_values() -> None:
-    # seed-specs 2.9 lists these to 5 decimals; the exact sums, to 1e-6 of those digits.
+    # the reference values are given to 5 decimals; the exact sums, to 1e-6 of those digits.
     assert xi(1) == pytest.approx(2.0, abs=1e-12)
     assert xi(8) == pytest.approx(4.24502, abs=5e-6)
     assert xi(100) == pytest.approx(13.20996, abs=5e-6)
@@ -93,7 +94,7 @@ def test_kl_edges_and_symmetry() -> None:
     assert float(kl(1e-300, 1e-12)) == pytest.approx(-math.log1p(-1e-12), rel=1e-6)
 
 
-# -- properties (seed-specs 2.9) -------------------------------------------------------------
+# -- properties -------------------------------------------------------------
 
 
 def _grid() -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +187,7 @@ def test_numerics_reject_bad_arguments_by_name(call, message: str) -> None:
         call()
 
 
-# -- coverage: the real acceptance test (seed-specs 2.9) -------------------------------------
+# -- coverage: the real acceptance test -------------------------------------
 
 
 class GaussianClasses:

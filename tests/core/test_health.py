@@ -118,7 +118,7 @@ def test_healthy_default_streams_never_trip() -> None:
 
 
 def test_paper_rule_on_issue_14_digits_is_flagged_and_contained() -> None:
-    """Issue 14: digits z-scored, the paper's rule at gamma = 1e-2 grew the largest singular
+    """Digits z-scored, the paper's rule at gamma = 1e-2 grew the largest singular
     value to ~1e31. The monitor flags it and keeps ||L|| within a few decades."""
     from sklearn.datasets import load_digits
 

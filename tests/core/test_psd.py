@@ -1,6 +1,7 @@
-"""M-SGD with PSD projection (seed-specs 1.4-1.5, ``algorithm="sgd_psd"``); 1.10.8's first part.
+"""M-SGD with PSD projection (docs/algorithms/gradient.md, ``algorithm="sgd_psd"``): the iterate
+stays PSD.
 
-The feature-perturbation property (1.10.8 / 4.4.2) is in test_stability.py.
+The feature-perturbation property is in test_stability.py.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def test_step_is_the_projected_gradient_step(d: int, mu: float) -> None:
 
 
 def test_every_step_keeps_M_positive_semidefinite() -> None:
-    """1.10.8: after every step min eig(M) >= -1e-12 max |M|."""
+    """After every step min eig(M) >= -1e-12 max |M|."""
     d = 12
     rng = np.random.default_rng(1)
     centres = 0.5 * rng.normal(size=(4, d))  # overlapping classes: large active steps

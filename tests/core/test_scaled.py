@@ -132,7 +132,7 @@ def test_step_result_gamma_is_the_step_of_eq_12_in_input_units() -> None:
 
 
 def test_scaled_default_keeps_issue_14_stream_usable() -> None:
-    """Issue 14: z-scored high-d Gaussian classes. The paper's gamma = 1e-3 leaves Lemma 2's
+    """Z-scored high-d Gaussian classes. The paper's gamma = 1e-3 leaves Lemma 2's
     region on most triplets; the scaled default stays in it and keeps the classes apart."""
     d = 512
     rng = np.random.default_rng(14)

@@ -1,4 +1,4 @@
-"""L-SGD (seed-specs 1.3-1.8) against its definitions; acceptance tests 1.10.1-1.10.5."""
+"""L-SGD (docs/algorithms/gradient.md) against its definitions."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def random_case(d: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_gradient_matches_central_finite_differences(seed: int) -> None:
-    """1.10.1: the step is -eta times grad_L l_mu = 2 q L A (mu = 0.3), to relative 1e-6."""
+    """The step is -eta times grad_L l_mu = 2 q L A (mu = 0.3), to relative 1e-6."""
     d, mu, margin, eta = 7, 0.3, 1.0, 1e-3
     L0, a, b = random_case(d, seed)
     L = L0.copy()
@@ -39,7 +39,7 @@ def test_gradient_matches_central_finite_differences(seed: int) -> None:
 
 
 def test_softplus_loss_is_the_lse_smoothing_and_close_to_the_hinge() -> None:
-    """1.10.2: mu log(e^{(d_pos+m)/mu} + e^{d_neg/mu}) - d_neg == mu softplus(z/mu) (1e-12),
+    """mu log(e^{(d_pos+m)/mu} + e^{d_neg/mu}) - d_neg == mu softplus(z/mu) (1e-12),
     and 0 < l_mu - max(0, z) <= mu ln 2."""
     rng = np.random.default_rng(0)
     for mu in (0.05, 0.3, 1.0, 4.0):
@@ -59,7 +59,7 @@ def test_softplus_loss_is_the_lse_smoothing_and_close_to_the_hinge() -> None:
 
 @pytest.mark.parametrize("d", [3, 21, 64])
 def test_hinge_sgd_is_opml_to_first_order(d: int) -> None:
-    """1.10.3: mu = 0, lam = 0, eta = gamma / 2: the gap to OPML's step is O(gamma^2);
+    """mu = 0, lam = 0, eta = gamma / 2: the gap to OPML's step is O(gamma^2);
     halving gamma divides it by 4 +/- 0.3."""
     L0, a, b = random_case(d, d)
     ab = np.stack([a, b])
@@ -75,7 +75,7 @@ def test_hinge_sgd_is_opml_to_first_order(d: int) -> None:
 
 @pytest.mark.parametrize("seed", range(20))
 def test_descent_condition_and_why_kappa_is_at_most_half(seed: int) -> None:
-    """1.10.4: for s lambda_+ in (0, 2] the triplet's z does not increase; at s lambda_+ = 1
+    """For s lambda_+ in (0, 2] the triplet's z does not increase; at s lambda_+ = 1
     the step matrix I - s A is singular (a direction of L is deleted)."""
     d, margin = 6, 1e3
     L0, a, b = random_case(d, seed)
@@ -180,7 +180,7 @@ def test_invsqrt_uses_the_position_in_the_stream_however_batched() -> None:
 
 @pytest.mark.parametrize("algorithm", ["sgd", "sgd_psd", "brm"])
 def test_enormous_inputs_are_skipped_and_leave_L_untouched(algorithm: str) -> None:
-    """1.10.5: inputs of magnitude 1e100 never produce NaN/Inf; outcome skipped."""
+    """Inputs of magnitude 1e100 never produce NaN/Inf; outcome skipped."""
     d = 4
     rng = np.random.default_rng(5)
     learner = Learner(LearnerConfig(dim=d, algorithm=algorithm, lam=0.1))

@@ -1,4 +1,4 @@
-"""Step-mass stability diagnostics (seed-specs 4.3) and acceptance tests 4.4.1-4.4.4."""
+"""Step-mass stability diagnostics (docs/algorithms/gradient.md)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ SCRIPTED = [0, 0, 0, 1, 0, 1, 2, 2, 0, 1, 1, 3, 0, 2, 3, 3, 1, 0, 2, 2, 2, 1, 0,
     [("opml", False), ("copml", True), ("sgd", True), ("sgd_psd", False), ("brm", False)],
 )
 def test_step_masses_equal_a_brute_force_recount(algorithm: str, prestage: bool) -> None:
-    """4.4.1: S_i from the learner equals the recount from the replayed triplet indices."""
+    """S_i from the learner equals the recount from the replayed triplet indices."""
     d, seed = 3, 11
     rng = np.random.default_rng(0)
     X = rng.normal(size=(len(SCRIPTED), d))
@@ -78,7 +78,7 @@ def test_step_masses_equal_a_brute_force_recount(algorithm: str, prestage: bool)
 @pytest.mark.parametrize("step", ["constant", "descent", "invsqrt"])
 @pytest.mark.parametrize("lam", [0.0, 0.2])
 def test_feature_perturbation_stays_within_the_lemma_2_recursion(step: str, lam: float) -> None:
-    """4.4.2 / 1.10.8: M-SGD, mu > 0, every step non-expansive; two runs differing only in
+    """M-SGD, mu > 0, every step non-expansive; two runs differing only in
     sample i's features end with ||M_T - M'_T||_F <= sum_{t uses i} eta_t (||A_t||_F +
     ||A'_t||_F) (exact property: 1-expansive steps elsewhere, a gradient of norm at most
     ||A_t||_F where i is used)."""
@@ -117,7 +117,7 @@ def test_feature_perturbation_stays_within_the_lemma_2_recursion(step: str, lam:
 
 
 def test_gamma_hat_only_for_convex_smooth_non_expansive_sgd_psd() -> None:
-    """4.4.3: gamma_hat is null for OPML, COPML and L-SGD (and BRM, hinge M-SGD, and M-SGD
+    """Gamma_hat is null for OPML, COPML and L-SGD (and BRM, hinge M-SGD, and M-SGD
     with a step that was not non-expansive)."""
     d = 4
     rng = np.random.default_rng(2)
@@ -151,9 +151,9 @@ def test_gamma_hat_only_for_convex_smooth_non_expansive_sgd_psd() -> None:
 
 
 def test_theorem_1_calculator_reproduces_the_vacuity_table() -> None:
-    """4.4.4: seed-specs 4.2.3 (B = 1, M = 1, delta = 0.05, n+ = n- = n,
-    eta = (2/alpha)/sqrt(T), T = n, Cor. 1's L = 8, alpha = 64); gamma by Lemma 2 with each
-    sample used 3T / (n+ + n-) = 1.5 times on average: gamma = 2 L^2 eta 1.5."""
+    """The stability paper's Theorem 1 with everything granted (B = 1, M = 1, delta = 0.05,
+    n+ = n- = n, eta = (2/alpha)/sqrt(T), T = n, Cor. 1's L = 8, alpha = 64); gamma by Lemma 2 with
+    each sample used 3T / (n+ + n-) = 1.5 times on average: gamma = 2 L^2 eta 1.5."""
     expected = {10**3: 2.2e3, 10**4: 930.7, 10**6: 1.4e2, 10**7: 50.0, 10**9: 6.4}
     for n, value in expected.items():
         gamma = 2 * 8.0**2 * (2 / 64) / math.sqrt(n) * 1.5

@@ -67,8 +67,8 @@ def test_every_problem_type_the_code_raises_is_in_the_reference() -> None:
 
 
 def test_the_http_reference_has_every_operation() -> None:
+    from service.app import create_app
     from service.config import Settings
-    from service.main import create_app
 
     page = gen_reference.http_page()
     for path, operations in create_app(Settings()).openapi()["paths"].items():

@@ -139,7 +139,10 @@ def test_certificate_refusals_are_problems_and_change_nothing(api: httpx.Client,
     send(api, name, X, y)
     url = f"/v1/models/{name}/certificate"
     none = assert_problem(api.get(url, params={"min_version": 60}), 409)
-    assert none["type"] == "/problems/not-certifiable" and "holdout" in none["detail"]
+    assert none["type"] == "/problems/not-certifiable"
+    # what a REST user can do: the fraction at creation, or flags on samples; not the library's
+    assert '"holdout"' in none["detail"] and "created" in none["detail"]
+    assert "learn_many" not in none["detail"]
     for params, loc in [
         ({"delta": 0}, "delta"),
         ({"delta": 1}, "delta"),

@@ -1,6 +1,7 @@
-"""Redis Cluster (issue 13, the storage half), on a real local cluster of 3 masters with one
+"""Redis Cluster (the storage half), on a real local cluster of 3 masters with one
 replica each (:mod:`tests.service.cluster`), shared by the tests of this module and emptied
-before each: the service on any node, WAIT for replicas through a failover, the registry repaired.
+before each: the service on any node, WAIT for replicas through a failover, the model index
+repaired.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from websockets.sync.client import connect
 from service.core import LearnerConfig
 from service.storage.codec import decode_entry, parse_id
 from service.storage.embedded import free_port
-from service.storage.keys import REGISTRY, ModelKeys
+from service.storage.keys import MODEL_INDEX, ModelKeys
 from service.storage.store import Appended, Group, NotReplicated, Store, connect_cluster
 from tests.service.cluster import LocalCluster, wait_for
 from tests.service.support import ServiceProcess, assert_problem, core_learner, make_model, stream
@@ -71,7 +72,7 @@ def model_keys_everywhere(cluster: LocalCluster, name: str) -> list[bytes]:
 
 
 def test_the_store_works_through_any_node_even_a_replica(fresh: LocalCluster) -> None:
-    replica = fresh.replica_of(fresh.master_of(REGISTRY))
+    replica = fresh.replica_of(fresh.master_of(MODEL_INDEX))
 
     async def scenario() -> None:
         store = Store.connect(replica.url, 2.0)
@@ -198,9 +199,11 @@ def test_appends_follow_a_slot_that_moved_to_another_master(fresh: LocalCluster)
 # -- the service ----------------------------------------------------------------------------------
 
 
-def test_a_service_on_a_node_without_the_registry_slot(fresh: LocalCluster, tmp_path: Path) -> None:
-    registry_master = fresh.master_of(REGISTRY)
-    node = next(m for m in fresh.masters() if m.name != registry_master.name)
+def test_a_service_on_a_node_without_the_model_index_slot(
+    fresh: LocalCluster, tmp_path: Path
+) -> None:
+    index_master = fresh.master_of(MODEL_INDEX)
+    node = next(m for m in fresh.masters() if m.name != index_master.name)
     name = name_on(fresh, {node.name}, "m")  # its keys are on yet another master: MOVED
     X, y = stream(160, 4, 3, seed=13)
     acked: list[int] = []  # sample indexes in seq order
@@ -245,7 +248,7 @@ def test_a_service_on_a_node_without_the_registry_slot(fresh: LocalCluster, tmp_
             assert api.delete(f"/v1/models/{name}").status_code == 204
             assert_problem(api.get(f"/v1/models/{name}"), 404)
         wait_for("no key of the model on any node", lambda: not model_keys_everywhere(fresh, name))
-        assert not registry_master.client().sismember(REGISTRY, name)  # another slot
+        assert not index_master.client().sismember(MODEL_INDEX, name)  # another slot
     finally:
         svc.close()
 
@@ -257,9 +260,9 @@ def test_acknowledged_samples_survive_a_failover(
     Idempotency-Key) while the master of the model's slot is killed (-9); its replica takes
     over and the old master comes back as a replica. Every acknowledged sample is in the log,
     once, and the model equals the core learner on the log."""
-    registry_master = fresh.master_of(REGISTRY)
-    url_node = next(m for m in fresh.masters() if m.name != registry_master.name)
-    name = name_on(fresh, {registry_master.name, url_node.name}, "w")
+    index_master = fresh.master_of(MODEL_INDEX)
+    url_node = next(m for m in fresh.masters() if m.name != index_master.name)
+    name = name_on(fresh, {index_master.name, url_node.name}, "w")
     master = fresh.master_of(ModelKeys(name).meta)
     replica = fresh.replica_of(master)
     X, y = stream(5000, 3, 3, seed=17)
@@ -337,13 +340,13 @@ def test_acknowledged_samples_survive_a_failover(
         svc.stop()
 
 
-def test_start_up_repairs_the_registry(
+def test_start_up_repairs_the_model_index(
     fresh: LocalCluster, rc: SyncCluster, tmp_path: Path
 ) -> None:
-    """A registry name without a meta (a create that died after the index, or a delete before
+    """A model index name without a meta (a create that died after the index, or a delete before
     it) is not a model and is removed; a meta whose name is missing (a create that died between
     its two steps) is a model and is indexed again."""
-    rc.sadd(REGISTRY, "ghost")
+    rc.sadd(MODEL_INDEX, "ghost")
     config: dict[str, Any] = asdict(LearnerConfig(dim=2))
     meta = {"config": json.dumps(config), "seq": "0", "puts": "0", "created_at": "1.0"}
     rc.hset(ModelKeys("orphan").meta, mapping=meta)
@@ -354,12 +357,12 @@ def test_start_up_repairs_the_registry(
             assert_problem(api.get("/v1/models/ghost"), 404)
             sent = api.post("/v1/models/orphan/samples?wait=true", json={"x": [1, 2], "y": "a"})
             assert sent.status_code == 200
-        assert rc.smembers(REGISTRY) == {b"orphan"}
+        assert rc.smembers(MODEL_INDEX) == {b"orphan"}
     finally:
         svc.stop()
     text = svc.log_path.read_text()
-    assert "'orphan' was missing from the registry" in text
-    assert "registry name 'ghost' has no model" in text
+    assert "'orphan' was missing from the model index" in text
+    assert "model index name 'ghost' has no model" in text
 
 
 def test_a_service_starts_while_one_seed_node_is_up(fresh: LocalCluster, tmp_path: Path) -> None:
@@ -391,9 +394,9 @@ def test_killing_the_models_master_never_answers_500(
     of the model's slot is killed (-9) and its replica takes over: no answer is a 500 (a 503 with
     Retry-After is fine), ingestion and queries recover by themselves, and every acknowledged
     sample is in the log exactly once."""
-    registry_master = fresh.master_of(REGISTRY)
-    url_node = next(m for m in fresh.masters() if m.name != registry_master.name)
-    name = name_on(fresh, {registry_master.name, url_node.name}, "k")
+    index_master = fresh.master_of(MODEL_INDEX)
+    url_node = next(m for m in fresh.masters() if m.name != index_master.name)
+    name = name_on(fresh, {index_master.name, url_node.name}, "k")
     master = fresh.master_of(ModelKeys(name).meta)
     replica = fresh.replica_of(master)
     X, y = stream(8000, 3, 3, seed=23)
@@ -405,7 +408,7 @@ def test_killing_the_models_master_never_answers_500(
     }
     services = [
         ServiceProcess(tmp_path / "a", url_node.url, **env).start(),
-        ServiceProcess(tmp_path / "b", registry_master.url, **env).start(),
+        ServiceProcess(tmp_path / "b", index_master.url, **env).start(),
     ]
     answers: list[httpx.Response] = []
     acked: dict[int, int] = {}  # sample index -> its seq

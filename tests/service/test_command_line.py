@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from websockets.sync.client import connect as ws_connect
 
 from service.__main__ import _flag, _shown, _variable
 from service.api.routes.ops import COMPILING
@@ -186,6 +188,34 @@ def test_a_second_service_on_the_same_data_dir_or_port_says_so_in_one_line(
         assert f"cannot listen on 127.0.0.1 port {port}" in lines[0]
         assert not (tmp_path / "d2").exists()  # refused before its Redis was started
         assert api.get("/readyz").status_code == 200  # the first one is untouched
+
+
+def test_one_log_format_and_no_line_per_request_unless_asked(
+    launch: Callable[..., Launched], tmp_path: Path
+) -> None:
+    """uvicorn's lines are in the service's format (not its own ``INFO:     ...``); requests and
+    WebSocket handshakes are not logged by default, and are with ``--access-log``."""
+    ours = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} [A-Z]+ [\w.]+: ")
+    for flags, logged in (((), False), (("--access-log",), True)):
+        port = free_port()
+        service = launch(
+            "--port", str(port), "--data-dir", str(tmp_path / f"data-{logged}"), *flags
+        )
+        with service.ready(port) as api:
+            assert api.get("/livez").status_code == 200
+            with ws_connect(f"ws://127.0.0.1:{port}/v1/models/none/stream"):
+                pass
+        assert service.stop() == -signal.SIGTERM
+        lines = service.log.read_text().splitlines()
+        uvicorn_lines = [line for line in lines if " uvicorn.error: " in line]
+        assert any("Application startup complete" in line for line in uvicorn_lines), lines
+        assert not [line for line in lines if re.match(r"^[A-Z]+:\s", line)]  # uvicorn's own
+        requests = [line for line in lines if '"GET /livez HTTP/1.1" 200' in line]
+        handshakes = [line for line in lines if '"WebSocket /v1/models/none/stream"' in line]
+        assert bool(requests) == logged and bool(handshakes) == logged, lines
+        assert all(ours.match(line) for line in uvicorn_lines + requests + handshakes), lines
+        # the client left before the refusal frame: not an error of the server
+        assert not [line for line in lines if "Exception in ASGI application" in line], lines
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

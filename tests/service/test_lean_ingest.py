@@ -150,11 +150,11 @@ def test_ingestion_takes_the_lean_path_when_on_and_only_then(
 
 
 def test_an_error_escaping_the_service_layers_is_a_problem() -> None:
-    """The service's ASGI layers wrap FastAPI's stack (``service.main.create_app``); what
+    """The service's ASGI layers wrap FastAPI's stack (``service.app.create_app``); what
     escapes them is still answered 500 as problem+json. Here, an application whose lifespan
     never ran has no registry: owner routing fails on a request for a model's metric."""
+    from service.app import create_app
     from service.config import Settings
-    from service.main import create_app
 
     app = create_app(Settings(redis_url="redis://127.0.0.1:1/0"))
 

@@ -1,4 +1,4 @@
-"""The gradient learners through the service (issue 15): create with each algorithm's own
+"""The gradient learners through the service: create with each algorithm's own
 hyperparameters (refusals name the field), checkpoint, restart and replay after kill -9 equal
 to the core on the logged prefix, the model document's ``stability``, restricted distances,
 ``brm``'s verify on ``D_R^2`` and ``opml_model_info``."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 import httpx
 import pytest
 
@@ -34,6 +36,12 @@ def test_openapi_has_stable_operation_ids(api: httpx.Client) -> None:
         "livez", "readyz", "metrics",
     } <= ids  # fmt: skip
     assert api.get("/docs").status_code == 200
+
+
+def test_the_api_version_is_the_packages(api: httpx.Client) -> None:
+    """One version number: the OpenAPI ``info.version`` is the installed package's."""
+    spec = api.get("/openapi.json").json()
+    assert spec["info"]["version"] == metadata.version("opml-service")
 
 
 def test_unknown_route_and_wrong_method_are_problems(api: httpx.Client) -> None:

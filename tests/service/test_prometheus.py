@@ -156,7 +156,7 @@ def test_the_false_accept_alert_goes_pending_for_a_model_above_its_target(
 def test_a_diverging_model_fires_its_alert(
     prometheus: httpx.Client, api: httpx.Client, name: str
 ) -> None:
-    # issue 14's trap: the paper's rule at its default step on inputs of scale 1000
+    # the classic trap: the paper's rule at its default step on inputs of scale 1000
     X, y = stream(300, 8, 4, seed=5)
     make_model(api, name, 8, step="paper", seed=1)
     trips = f'opml_model_divergence_trips{{model="{name}"}}'

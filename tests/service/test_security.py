@@ -18,7 +18,8 @@ from redis.asyncio.connection import SSLConnection
 from websockets.sync.client import connect
 
 from service.api.auth import API_PREFIX, ROUTE_SCOPES
-from service.main import create_app
+from service.app import create_app
+from service.config import Settings
 from service.security import KeyRing, entry_for
 from service.storage.store import connect as redis_connect
 from service.storage.store import redacted_url
@@ -59,7 +60,8 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess
         server.url,
         OPML_API_KEYS=json.dumps(entries),
         OPML_HOST="0.0.0.0",
-        OPML_LOG_LEVEL="info",  # access log and start-up lines: checked for leaked keys
+        OPML_LOG_LEVEL="info",  # start-up lines and ...
+        OPML_ACCESS_LOG="true",  # ... the access log: checked for leaked keys
     ) as proc:
         with proc.client() as client:
             bearer = {"Authorization": f"Bearer {KEYS['admin']}"}
@@ -135,7 +137,7 @@ def test_rejected_callers_change_nothing_and_large_bodies_are_not_read(
     assert after == before
 
 
-def test_a_binary_gallery_needs_the_query_scope(secured: ServiceProcess) -> None:
+def test_a_binary_distance_body_needs_the_query_scope(secured: ServiceProcess) -> None:
     buf = io.BytesIO()
     np.savez(buf, a=np.ones(2), b=np.ones((3, 2)))
     npz = {"content-type": "application/x-npz"}
@@ -165,6 +167,28 @@ def test_probes_metrics_and_docs_are_open(secured: ServiceProcess) -> None:
     assert operations["ingest_samples"]["x-required-scope"] == "ingest"
     assert operations["verify"]["security"] == [{"apiKey": []}]
     assert "security" not in operations["livez"]
+
+
+def test_without_keys_the_schema_asks_for_no_key() -> None:
+    """No keys: no security scheme (Swagger UI's Authorize button comes from it), no
+    ``security`` and no 401/403 on any operation; the scope each would need stays documented.
+    The same app with a key declares them all."""
+    schema = create_app(Settings(api_keys=[])).openapi()
+    assert "securitySchemes" not in schema.get("components", {})
+    operations = [op for ops in schema["paths"].values() for op in ops.values()]
+    assert not [op["operationId"] for op in operations if "security" in op]
+    assert not [op["operationId"] for op in operations if {"401", "403"} & set(op["responses"])]
+    scopes = {op["operationId"]: op.get("x-required-scope") for op in operations}
+    assert scopes["delete_model"] == "admin" and scopes["verify"] == "query"
+    keyed = create_app(Settings(api_keys=[entry_for("k" * 32, ["admin"])])).openapi()
+    assert keyed["components"]["securitySchemes"]["apiKey"]["scheme"] == "bearer"
+    verify = next(
+        op
+        for ops in keyed["paths"].values()
+        for op in ops.values()
+        if op["operationId"] == "verify"
+    )
+    assert verify["security"] == [{"apiKey": []}] and {"401", "403"} <= set(verify["responses"])
 
 
 def test_every_http_route_has_a_declared_scope_or_is_open() -> None:

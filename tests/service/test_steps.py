@@ -1,4 +1,4 @@
-"""Issue 14 on the wire: the step rules and ``gamma: "auto"`` as model config (422 naming the
+"""On the wire: the step rules and ``gamma: "auto"`` as model config (422 naming the
 field out of range), the race, the step sizes and the divergence monitor in the model document,
 ``/events`` and ``/metrics``, and a race that survives kill -9 replay-exact."""
 
@@ -127,7 +127,7 @@ def gauge(exposition: str, metric: str, model: str) -> float:
 def test_divergence_shows_in_document_events_and_metrics(
     service: ServiceProcess, api: httpx.Client, name: str
 ) -> None:
-    # issue 14's trap: the paper's rule at its default step on inputs of scale 1000
+    # the classic trap: the paper's rule at its default step on inputs of scale 1000
     X, y = stream(400, 8, 4, seed=5)
     X *= 1000.0
     make_model(api, name, 8, step="paper", seed=1)

@@ -28,7 +28,6 @@
 
 from __future__ import annotations
 
-import io
 from typing import Annotated, Any
 
 import numpy as np
@@ -37,7 +36,7 @@ from fastapi.responses import JSONResponse
 
 from service.api import parsing
 from service.api.deps import MinVersionDep, ModelsDep, NameDep, body_doc, json_body
-from service.api.parsing import NPZ
+from service.api.npy import NPZ, npz_bytes, wants
 from service.api.presenters import verify_threshold
 from service.api.routes.queries import operating_entry
 from service.api.routes.samples import IdempotencyKey
@@ -183,7 +182,7 @@ async def answer_identify(
         "threshold_source": source,
         "calibrated": view.snapshot.calibration.calibrated,
     }
-    if parsing.wants(accept, NPZ):
+    if wants(accept, NPZ):
         return Response(
             _npz(found, values, decided), media_type=NPZ, headers={"X-Version": str(view.version)}
         )
@@ -198,9 +197,7 @@ async def answer_identify(
 def _npz(found: list[list[Match]], values: Any, decided: dict[str, Any]) -> bytes:
     """The ``.npz`` answer: (m, k) arrays and the 0-d decision members (no object arrays, so
     ``np.load(..., allow_pickle=False)`` reads it)."""
-    buf = io.BytesIO()
-    np.savez(
-        buf,
+    return npz_bytes(
         squared_distances=values,
         same=values <= decided["threshold"],
         ids=np.array([[str(m.id) for m in ms] for ms in found], dtype=str),
@@ -210,7 +207,6 @@ def _npz(found: list[list[Match]], values: Any, decided: dict[str, Any]) -> byte
         calibrated=np.bool_(decided["calibrated"]),
         version=np.int64(decided["version"]),
     )
-    return buf.getvalue()
 
 
 _NPZ_DOC = (

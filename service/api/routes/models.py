@@ -36,7 +36,7 @@ async def create_model(
     """Create a model; 409 if the name exists.
 
     ``algorithm``: ``copml`` (default), ``opml``, ``sgd``, ``sgd_psd`` or ``brm``, each with its
-    own hyperparameters and defaults (README, More learners). A hyperparameter the algorithm
+    own hyperparameters and defaults (docs/guides/algorithms.md). A hyperparameter the algorithm
     does not use, or a combination out of range, is a 422 naming the field; nothing is created.
     """
     grant = auth.grant_of(request.scope)

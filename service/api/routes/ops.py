@@ -1,4 +1,4 @@
-"""Operations: liveness, readiness, Prometheus metrics."""
+"""Operations: liveness, readiness, Prometheus telemetry (``GET /metrics``)."""
 
 from __future__ import annotations
 

@@ -6,18 +6,19 @@ which parse them with :mod:`service.api.parsing` and answer. The lean path
 (:mod:`service.api.lean`) calls the same two functions without FastAPI's per-request
 machinery, so it is a pure optimisation: same parsers, same answers, same problems.
 
-One-to-many ``distance`` also takes a binary gallery: an ``.npz`` body
-(``Content-Type: application/x-npz``, ``np.savez(f, a=a, b=B)``: ``a`` of shape (d,), ``b`` of
-shape (n, d), float64 or float32; read by :func:`service.api.parsing.npz_arrays`), and answers
+One-to-many ``distance`` (``a`` against the candidate rows ``b``) also takes a binary body: an
+``.npz`` (``Content-Type: application/x-npz``, ``np.savez(f, a=a, b=B)``: ``a`` of shape (d,),
+``b`` of shape (n, d), float64 or float32; read by :func:`service.api.npy.npz_arrays`), and
+answers
 ``Accept: application/x-npy`` (either body) with the squared distances as ``.npy`` bytes and
 the version in header ``X-Version``.
 
-Restricted distances (issue 15; ``service.core.brm``): a ``brm`` model's ``distance`` answers
-always add ``restricted_distance`` / ``restricted_squared_distance`` (one to many:
+Restricted distances (``service.core.brm``, docs/algorithms/brm.md): a ``brm`` model's ``distance``
+answers always add ``restricted_distance`` / ``restricted_squared_distance`` (one to many:
 ``restricted_distances`` / ``restricted_squared_distances``), ``D_R`` in [0, 1) under its own
 ``L``, and its ``verify`` decides on ``restricted_squared_distance <= threshold`` (its
 calibrated threshold is in ``D_R^2`` units). Any other model adds them when asked with the query
-parameter ``?restricted=true`` (a query parameter, so the binary gallery can ask too), measured
+parameter ``?restricted=true`` (a query parameter, so a binary body can ask too), measured
 with the canonical factor of ``M = L^T L`` (an O(d^3) eigendecomposition once per published
 snapshot, then O(d^2) per pair like ``squared_distance``). ``.npy`` answers stay the plain
 squared distances.
@@ -36,7 +37,7 @@ from fastapi import APIRouter, Header, Query, Request, Response
 
 from service.api import parsing
 from service.api.deps import MinVersionDep, ModelsDep, NameDep, body_doc, json_body
-from service.api.parsing import NPY, NPZ
+from service.api.npy import NPY, NPZ, npy_bytes, wants_npy
 from service.api.presenters import json_response, model_document, verify_threshold
 from service.api.schemas import (
     CertificateOut,
@@ -62,27 +63,27 @@ from service.engine.snapshot import Snapshot
 
 router = APIRouter(prefix="/v1/models/{name}", tags=["queries"])
 
-#: A one-to-many gallery of at least this many values is computed in a worker thread (BLAS
+#: A one-to-many ``b`` of at least this many values is computed in a worker thread (BLAS
 #: releases the GIL): the event loop keeps answering other requests meanwhile.
 THREAD_VALUES = 1 << 16
 #: ... in one of these threads, not the default executor the learners use: a burst of large
-#: galleries queues here instead of holding back learning (2 cores: 2 threads are plenty).
-_GALLERY_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-gallery")
+#: candidate matrices queues here instead of holding back learning (2 cores: 2 threads are plenty).
+_ROWS_THREADS = ThreadPoolExecutor(max_workers=2, thread_name_prefix="opml-one-to-many")
 
 _BINARY = {"schema": {"type": "string", "format": "binary"}}
 
 
-async def _gallery_call(fn: Callable[[Array, Array], Array], a: Array, B: Array) -> Array:
-    """``fn(a, B)``, in a gallery thread when ``B`` is large."""
+async def _rows_call(fn: Callable[[Array, Array], Array], a: Array, B: Array) -> Array:
+    """``fn(a, B)``, in a thread of its own when ``B`` is large."""
     if B.size >= THREAD_VALUES:
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_GALLERY_THREADS, fn, a, B)
+        return await loop.run_in_executor(_ROWS_THREADS, fn, a, B)
     return fn(a, B)
 
 
 async def squared_distances(snap: Snapshot, a: Array, B: Array) -> Array:
-    """``||L(a - b_i)||^2`` for a validated gallery; 422 if a value overflows float64."""
-    sq = await _gallery_call(snap.metric.squared_distances, a, B)
+    """``||L(a - b_i)||^2`` for validated candidate rows ``B``; 422 if a value overflows float64."""
+    sq = await _rows_call(snap.metric.squared_distances, a, B)
     return parsing.finite_or_422(sq, "squared_distance")
 
 
@@ -97,16 +98,16 @@ async def distance_answer(
     va = parsing.vector(a, d, ["body", "a"])
     if isinstance(b, np.ndarray) or (b and isinstance(b[0], list)):
         if isinstance(b, np.ndarray):
-            B = parsing.gallery(b, d, ["body", "b"])
+            B = parsing.binary_matrix(b, d, ["body", "b"])
         else:
             B = parsing.matrix(b, d, ["body", "b"])
         sq = await squared_distances(snap, va, B)
         if npy:
             headers = {"X-Version": str(snap.version)}
-            return Response(parsing.npy_bytes(sq), media_type=NPY, headers=headers)
+            return Response(npy_bytes(sq), media_type=NPY, headers=headers)
         many: dict[str, Any] = {"distances": np.sqrt(sq).tolist(), "squared_distances": sq.tolist()}
         if restricted:
-            rsq = await _gallery_call(snap.metric.restricted_squared_distances, va, B)
+            rsq = await _rows_call(snap.metric.restricted_squared_distances, va, B)
             many["restricted_distances"] = restricted_root(rsq).tolist()
             many["restricted_squared_distances"] = rsq.tolist()
         return json_response({**many, "version": snap.version})
@@ -151,7 +152,7 @@ def verify_answer(
     else:
         decided = value
     same = decided <= limit
-    runtime.metrics.verify_decision(same, source)
+    runtime.telemetry.verify_decision(same, source)
     return json_response(
         {
             "same": same,
@@ -189,7 +190,7 @@ async def answer_distance(
     """``POST .../distance`` from its raw parts (the route and the lean path both call it)."""
     a, b = parsing.distance_body(content_type, body, models.settings.max_body_bytes)
     snap = await (await models.lookup(name)).read(min_version)
-    return await distance_answer(snap, a, b, npy=parsing.wants_npy(accept), restricted=restricted)
+    return await distance_answer(snap, a, b, npy=wants_npy(accept), restricted=restricted)
 
 
 async def answer_verify(
@@ -210,7 +211,7 @@ async def answer_verify(
 
 
 _NPZ_DOC = (
-    "JSON `{a, b}`, b one vector or a list of vectors; or, one to many with a binary gallery, "
+    "JSON `{a, b}`, b one vector or a list of vectors; or, one to many with a binary body, "
     "`application/x-npz`: the bytes of `np.savez(f, a=a, b=B)`, a of shape (d,) and B of shape "
     "(n, d), float64 or float32 (no pickle; at most OPML_MAX_BODY_BYTES as float64); errors name "
     "body.a / body.b."
@@ -224,7 +225,7 @@ Accept = Annotated[str | None, Header()]
     responses={
         200: {
             "description": "One pair, or one to many when b is a list of vectors (or the "
-            "binary gallery); with `Accept: application/x-npy`, one to many answers the "
+            "binary body); with `Accept: application/x-npy`, one to many answers the "
             "squared distances as .npy bytes (float64, shape (n,)) and header X-Version.",
             "content": {NPY: _BINARY},
         }
@@ -240,7 +241,7 @@ async def distance(
     restricted: Annotated[
         str | None,
         Query(
-            description="true: add the restricted distance D_R in [0, 1) (seed 003 Eq. 7; "
+            description="true: add the restricted distance D_R in [0, 1) (the BRM paper's Eq. 7; "
             "always added for a brm model).",
             json_schema_extra={"enum": ["true", "false"]},
         ),
@@ -250,10 +251,10 @@ async def distance(
 
     ``?restricted=true`` adds ``restricted_distance`` and ``restricted_squared_distance``
     (one to many: ``restricted_distances``, ``restricted_squared_distances``): ``D_R`` in
-    [0, 1) of seed 003's Eq. 7 (Sigmoid restriction, p = 2) under the canonical factor of
+    [0, 1) of the BRM paper's Eq. 7 (Sigmoid restriction, p = 2) under the canonical factor of
     ``M = L^T L``; a ``brm`` model always adds them, under its own ``L``.
 
-    One to many: ``b`` a list of vectors, or a binary gallery: ``Content-Type:
+    One to many: ``b`` a list of vectors, or a binary body: ``Content-Type:
     application/x-npz`` with the bytes of ``np.savez(f, a=a, b=B)`` (``a`` (d,), ``B`` (n, d),
     float64 or float32; never unpickled; at most OPML_MAX_BODY_BYTES as float64; refusals are
     422 naming ``body``, ``body.a`` or ``body.b``). ``Accept: application/x-npy`` answers one to
@@ -302,8 +303,8 @@ async def get_metric(
 ) -> Response:
     """``L`` and its version; ``Accept: application/x-npy`` gives the .npy bytes of ``L``."""
     snap = await (await models.lookup(name)).read(min_version)
-    if parsing.wants_npy(accept):
-        body = parsing.npy_bytes(np.asarray(snap.metric.L))
+    if wants_npy(accept):
+        body = npy_bytes(np.asarray(snap.metric.L))
         return Response(body, media_type=NPY, headers={"X-Version": str(snap.version)})
     return json_response({"L": snap.metric.L.tolist(), "version": snap.version})
 
@@ -363,7 +364,7 @@ async def get_certificate(
     min_version: MinVersionDep = None,
 ) -> Response:
     """High-confidence upper bounds on the triplet error, false accept rate and false reject
-    rate of the metric of one snapshot (README, "Certificates")."""
+    rate of the metric of one snapshot (docs/guides/certificates.md)."""
     checked_delta, checked_method = parsing.certificate_args(delta, method)
     runtime = await models.lookup(name)
     cert = await runtime.certificate(min_version, checked_delta, checked_method, threshold)

@@ -85,8 +85,9 @@ async def _open(
             raise invalid(["path", "name"], f"must match {NAME_PATTERN}")
         return await models.lookup(name)
     except ServiceError as exc:
-        await websocket.send_json({"error": problem(exc), "id": None})
-        await websocket.close(CLOSE_NOT_FOUND if status_of(exc) == 404 else 1008)
+        with contextlib.suppress(WebSocketDisconnect):  # the client left: nobody to tell
+            await websocket.send_json({"error": problem(exc), "id": None})
+            await websocket.close(CLOSE_NOT_FOUND if status_of(exc) == 404 else 1008)
         return None
 
 
@@ -242,7 +243,8 @@ def _invalid_frame(exc: ValidationError) -> InvalidInput:
 
 def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError]:
     """A binary frame: ``uint32 LE header length | JSON header {"id", "y": [labels]} | block``,
-    the block being ``len(y) x dim`` little-endian float64 values, row-major (README)."""
+    the block being ``len(y) x dim`` little-endian float64 values, row-major
+    (docs/reference/websocket.md)."""
     if len(data) < _HEADER_LEN.size:
         return None, invalid(["header"], "a binary frame starts with a 4-byte header length")
     (size,) = _HEADER_LEN.unpack_from(data)
@@ -302,7 +304,7 @@ async def model_events(
             if len(pending) >= limit:
                 pending.popleft()
                 dropped += 1
-                runtime.metrics.events_dropped.inc()
+                runtime.telemetry.events_dropped.inc()
             pending.append(event_frame(status))
             ready.set()
             await asyncio.sleep(interval_ms / 1000)

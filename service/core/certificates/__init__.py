@@ -2,7 +2,7 @@
 
 A verification user asks: "at this threshold, how often will it wrongly accept or wrongly
 reject, and how sure are you?". A certificate answers with three bounds, each holding with a
-stated confidence, for three 0-1 errors (seed-specs 2.3):
+stated confidence, for three 0-1 errors (docs/algorithms/certificates.md):
 
 * ``triplet_error``: ``P[ ||L(x_a - x_p)||^2 >= ||L(x_a - x_n)||^2 ]`` (ties count as errors),
   anchor and positive of one class, the negative of another;
@@ -10,7 +10,7 @@ stated confidence, for three 0-1 errors (seed-specs 2.3):
   theta``);
 * ``false_reject``: ``P[ ||L(x - x')||^2 > theta | y = y' ]``.
 
-Two tools (seed-specs 2.4 and 2.5):
+Two tools (docs/algorithms/certificates.md):
 
 * **Held-out test-set bound** (``method="binomial"``, the default, or ``"kl"``): the frozen
   served ``L`` and ``theta`` are evaluated on disjoint tuples of samples the learner never saw
@@ -33,19 +33,19 @@ Choices where the spec leaves room (each stated in every answer):
   valid at once should ask for ``delta_j = delta / (j (j + 1))``.
 * **Tuples** (:func:`~service.core.certificates.tuples.build_tuples`) are formed from labels and
   a seeded generator only, never from features, and each sample is in at most one tuple, so
-  conditional on the labels the tuple errors are independent (seed-specs 2.3). The samples are
-  shuffled and dealt into a triplet pool (3/7), a positive-pair pool (2/7) and a negative-pair
-  pool (2/7), which gives the three quantities about the same number of tuples. Positive pairs
-  are two samples of one class. Negative pairs and triplets are formed in rounds (round-robin
-  over classes): in each round every class that still has enough samples takes part once, and
-  the classes of the round are put in a random cyclic order, each class being paired with the
-  next one. So every class counts in proportion to its held-out samples, against a random other
+  conditional on the labels the tuple errors are independent (docs/algorithms/certificates.md). The
+  samples are shuffled and dealt into a triplet pool (3/7), a positive-pair pool (2/7) and a
+  negative-pair pool (2/7), which gives the three quantities about the same number of tuples.
+  Positive pairs are two samples of one class. Negative pairs and triplets are formed in rounds
+  (round-robin over classes): in each round every class that still has enough samples takes part
+  once, and the classes of the round are put in a random cyclic order, each class being paired with
+  the next one. So every class counts in proportion to its held-out samples, against a random other
   class of the round; the certified rates are averages over that class mix (and the answer says
   so).
 * **Binomial inversion.** For independent errors with different means (class pairs differ) the
   exact binomial inversion is valid when the confidence per quantity is ``<= 0.1`` (Hoeffding
-  1956, seed-specs 2.3), i.e. ``delta <= 0.3``; above it ask for ``method="kl"``, valid
-  unconditionally.
+  1956, docs/algorithms/certificates.md), i.e. ``delta <= 0.3``; above it ask for ``method="kl"``,
+  valid unconditionally.
 
 * **PAC-Bayes details.** The Gibbs risk of a triplet is one 1-D quadrature of non-central
   chi-square functions (exact to ~1e-11;
@@ -73,14 +73,15 @@ quadrature; scales whose bound cannot win are skipped).
 The argument is one chain (each bound's validity depends on how the tuples were built and
 how delta was split); its links are the modules of this package:
 
-* :mod:`~service.core.certificates.bounds`: the numerics (seed-specs 2.7), pure and vectorised:
-  the kl and binomial inversions (the conservative end of their final bracket), Maurer's xi;
+* :mod:`~service.core.certificates.bounds`: the numerics (docs/algorithms/certificates.md),
+  pure and vectorised: the kl and binomial inversions (the conservative end of their final
+  bracket), Maurer's xi;
 * :mod:`~service.core.certificates.tuples`: the disjoint tuples, from labels and a seeded
   generator, and when there are too few;
 * :mod:`~service.core.certificates.held_out`: the held-out test-set bound of the served metric;
 * :mod:`~service.core.certificates.pac_bayes`: the PAC-Bayes-kl bound of the Gibbs metric;
 * this module: what is certified (:data:`QUANTITIES`), the arguments, and the answer
-  (:class:`Certificate`, :class:`Bound`, :class:`NotEnoughHeldOut`).
+  (:class:`Certificate`, :class:`Bound`, :class:`NotEnoughHeldOut`, :class:`NoHoldout`).
 
 The threshold a certificate certifies by default is the served one, whose rule lives beside
 the calibration it comes from (:func:`service.core.calibration.served_threshold`).
@@ -103,7 +104,7 @@ METHODS: tuple[Method, ...] = ("binomial", "kl", "pac-bayes")
 QUANTITIES = ("triplet_error", "false_accept", "false_reject")
 
 #: Largest per-quantity confidence parameter at which the exact binomial inversion is valid for
-#: independent errors with different means (Hoeffding 1956; seed-specs 2.3).
+#: independent errors with different means (Hoeffding 1956; docs/algorithms/certificates.md).
 BINOMIAL_MAX_DELTA = 0.1
 
 
@@ -161,6 +162,16 @@ class NotEnoughHeldOut(Exception):
         super().__init__(message)
         self.needed = needed
         self.have = have
+
+
+class NoHoldout(ValueError):
+    """The model holds no samples out (``holdout = 0`` and none flagged), so the held-out
+    tools have nothing to certify on; a ValueError like the other "not configured" refusals,
+    its own type so that the service can say how its users fix it.
+
+    >>> isinstance(NoHoldout("holdout: none"), ValueError)
+    True
+    """
 
 
 # -- the answer ------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
-"""The numerics of the certificates (seed-specs 2.7): binary relative entropy, its inversions,
-Langford's binomial test-set bound and Maurer's ``xi``. Pure and vectorised (elementwise over
-broadcast arguments); the inversions return the conservative end of their final bracket, so a
+"""The numerics of the certificates (docs/algorithms/certificates.md): binary relative entropy, its
+inversions, Langford's binomial test-set bound and Maurer's ``xi``. Pure and vectorised (elementwise
+over broadcast arguments); the inversions return the conservative end of their final bracket, so a
 bound is never reported tighter than it is. :func:`hoeffding_upper` is a reference only, never
 used for a certificate.
 """
@@ -13,7 +13,7 @@ from scipy import special
 
 from service.core._validation import Array
 
-#: Bisection tolerance of the kl and binomial inversions (seed-specs 2.7).
+#: Bisection tolerance of the kl and binomial inversions (docs/algorithms/certificates.md).
 TOL = 1e-12
 #: Most halvings: enough to reach any double from 1 (a lower inverse near 0 can be ~1e-300).
 MAX_ITER = 1100
@@ -81,7 +81,7 @@ def _bisect(
 
 
 def kl_inv_upper(q: ArrayLike, c: ArrayLike, tol: float = TOL, max_iter: int = MAX_ITER) -> Array:
-    """``sup{p in [q, 1] : kl(q || p) <= c}``, elementwise (seed-specs 2.7).
+    """``sup{p in [q, 1] : kl(q || p) <= c}``, elementwise (docs/algorithms/certificates.md).
 
     Bisection inside ``[q, min(q + sqrt(c/2), q + c + sqrt(c^2 + 2qc), 1)]`` (from ``kl >=
     2 (p-q)^2`` and ``kl >= (p-q)^2 / (2p)``), returning the upper end (conservative); ``q = 0``
@@ -142,7 +142,7 @@ def _check_counts(m: ArrayLike, k: ArrayLike, delta: ArrayLike) -> tuple[Array, 
 
 def bin_inv_upper(m: ArrayLike, k: ArrayLike, delta: ArrayLike) -> Array:
     """Langford's test-set bound ``max{p : P[Bin(m, p) <= k] >= delta}`` (one-sided
-    Clopper-Pearson), elementwise (seed-specs 2.4, 2.7).
+    Clopper-Pearson), elementwise (docs/algorithms/certificates.md).
 
     ``k = 0``: ``1 - delta^(1/m)``; ``k = m``: 1; else the inverse regularised incomplete beta
     function, checked with ``bdtr`` (``|P[Bin <= k] - delta| <= 1e-9 delta``); where the check

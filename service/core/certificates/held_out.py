@@ -1,4 +1,4 @@
-"""Tool A: the held-out test-set bound of the served metric (seed-specs 2.4).
+"""Tool A: the held-out test-set bound of the served metric (docs/algorithms/certificates.md).
 
 The frozen ``L`` and threshold are evaluated on disjoint tuples of samples the learner never saw
 (:mod:`~service.core.certificates.tuples`); ``k`` errors in ``m`` tuples of a quantity give
@@ -84,7 +84,8 @@ def certify_held_out(
     window: int | None = None,
     stream: int = 0,
 ) -> Certificate:
-    """Certify the frozen metric ``L`` at ``threshold`` on held-out samples (seed-specs 2.4).
+    """Certify the frozen metric ``L`` at ``threshold`` on held-out samples
+    (docs/algorithms/certificates.md).
 
     ``X``: the held-out samples as the metric sees them (normalised), ``labels``: their class
     codes. Disjoint tuples come from :func:`build_tuples` with a generator fixed by ``seed``

@@ -1,4 +1,5 @@
-"""Tool B: the PAC-Bayes-kl certificate of the Gibbs metric around ``L`` (seed-specs 2.5).
+"""Tool B: the PAC-Bayes-kl certificate of the Gibbs metric around ``L``
+(docs/algorithms/certificates.md).
 
 No samples are held out: the prior is centred at ``L`` frozen after a prefix of the training
 stream, the posterior is an isotropic Gaussian around the current (Frobenius-normalised) ``L``,
@@ -32,7 +33,7 @@ from service.core.certificates.bounds import kl_inv_upper, xi
 from service.core.certificates.tuples import MIN_TUPLES, build_tuples, check_enough, tuple_rng
 
 #: Posterior scales, relative to the unit Frobenius norm of the normalised metric and divided
-#: by ``d`` (seed-specs 2.5): fixed in advance, the confidence is split over them.
+#: by ``d`` (docs/algorithms/certificates.md): fixed in advance, the confidence is split over them.
 SIGMA_GRID = np.geomspace(1e-3, 1.0, 10)
 
 #: Normalised thresholds ``2^(k/8)``, ``|k| <= 384`` (ratio 1.09, from 3.6e-15 to 2.8e14), fixed
@@ -100,7 +101,7 @@ def _quadrature(lp: Array, lm: Array, nc_plus: Array, nc_minus: Array, dim: int)
 def gibbs_triplet_error(L: Any, a: Any, b: Any, sigma: float) -> Array:
     """Per triplet, the exact probability that ``L~ = L + sigma E`` (``E`` with i.i.d. standard
     normal entries) errs: ``P[ ||L~ a||^2 >= ||L~ b||^2 ]``, ``a = x_a - x_p``, ``b = x_a - x_n``
-    (seed-specs 2.5 (ii)).
+    (docs/algorithms/certificates.md).
 
     With ``A = a a^T - b b^T = lambda+ w+ w+^T + lambda- w- w-^T`` (orthonormal ``w``, eigen
     decomposition on span{a, b}), ``||L~ a||^2 - ||L~ b||^2 = sigma^2 (lambda+ X+ - |lambda-|
@@ -232,7 +233,7 @@ def certify_pac_bayes(
     stream: int = 0,
     sigmas: Any = None,
 ) -> Certificate:
-    """PAC-Bayes-kl certificate of the Gibbs metric around ``L`` (seed-specs 2.5).
+    """PAC-Bayes-kl certificate of the Gibbs metric around ``L`` (docs/algorithms/certificates.md).
 
     ``prior``: ``L`` frozen after the training prefix (``None``: the prefix has not passed
     yet, NotEnoughHeldOut); ``X``, ``labels``: training samples *after* the prefix (the bound

@@ -1,7 +1,8 @@
-"""Disjoint tuples for a certificate, from labels and a seeded generator only (seed-specs 2.4
-step 3; the rule is stated in :mod:`service.core.certificates`): triplets, positive pairs and
-negative pairs, each sample in at most one tuple, so that conditional on the labels the tuple
-errors are independent. :func:`check_enough` refuses a set that forms too few of them.
+"""Disjoint tuples for a certificate, from labels and a seeded generator only
+(docs/algorithms/certificates.md; the rule is stated in :mod:`service.core.certificates`): triplets,
+positive pairs and negative pairs, each sample in at most one tuple, so that conditional on the
+labels the tuple errors are independent. :func:`check_enough` refuses a set that forms too few of
+them.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from contextlib import asynccontextmanager
+from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI
@@ -155,7 +156,7 @@ bytes (float64, (n,)) with header `X-Version`.
 
 
 #: FastAPI's native OpenTelemetry (newer FastAPI) looks for a configured provider on every
-#: request (environment lookups, ~10 us each time); the service exports Prometheus metrics.
+#: request (environment lookups, each time); the service's telemetry is Prometheus.
 _NO_OTEL: dict[str, Any] = (
     {"telemetry": {"tracing": False, "metrics": False, "logs": False}}
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters
@@ -182,14 +183,14 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
         app = BodyLimit(app, max_bytes=settings.max_body_bytes)
         # before BodyLimit and the routes: a caller without the right key never gets a body read
         app = auth.Authenticate(app, keys=keys)
-        app = observe.HttpMetrics(app)  # times and counts every answer
+        app = observe.HttpTelemetry(app)  # times and counts every answer
         # what escapes a layer of ours is a 500 problem, as FastAPI's error layer answers
         return ServerErrorMiddleware(app, handler=problems.on_unexpected)
 
     app = FastAPIOffline(
         **_NO_OTEL,
         title="opml-service",
-        version="1.0.0",
+        version=metadata.version("opml-service"),  # the package's: one version number
         summary="Streaming online metric learning (OPML / COPML) with a durable Redis log.",
         description=WS_DESCRIPTION,
         lifespan=lifespan,
@@ -206,5 +207,5 @@ def create_app(settings: Settings | None = None, redis_url: str | None = None) -
     problems.install(app)
     app.include_router(api_router)
     deps.document_bodies(app)
-    auth.document(app)
+    auth.document(app, keys)
     return app

@@ -1,4 +1,4 @@
-"""One-to-many distance with a binary gallery (.npz in, .npy out), and the lean query path:
+"""One-to-many distance with a binary body (.npz in, .npy out), and the lean query path:
 its answers equal the routes', and every refusal is a problem that changes nothing.
 
 Every test here runs twice: against the shared service (lean path on) and against its twin with
@@ -97,16 +97,16 @@ def test_binary_one_to_many_equals_the_json_answer(
     assert pair.json()["squared_distance"] == pytest.approx(by_json.json()["squared_distances"][0])
 
 
-def test_a_large_gallery_is_computed_off_the_event_loop_and_equals_json(
+def test_many_candidate_rows_are_computed_off_the_event_loop_and_equals_json(
     tmp_path_factory: pytest.TempPathFactory, launch: Launch
 ) -> None:
     """Over ``THREAD_VALUES`` values the distances are computed in a worker thread, by the
     triangular factor: the same answer through JSON and .npz, equal to the plain formula."""
     d, rows = 128, 600
     assert rows * d >= THREAD_VALUES
-    redis_server = RedisServer(tmp_path_factory.mktemp("redis-gallery")).start()
+    redis_server = RedisServer(tmp_path_factory.mktemp("redis-one-to-many")).start()
     proc = launch(
-        tmp_path_factory.mktemp("gallery"), redis_server.url, OPML_MAX_BODY_BYTES=str(8 << 20)
+        tmp_path_factory.mktemp("one-to-many"), redis_server.url, OPML_MAX_BODY_BYTES=str(8 << 20)
     ).start()
     try:
         with proc.client() as api:
