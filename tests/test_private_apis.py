@@ -256,5 +256,5 @@ def test_a_failed_check_names_the_api_its_version_its_user_and_the_page() -> Non
     message = str(failed.value)
     version = importlib.metadata.version("fastapi")
     for part in ("fastapi.FastAPI.build_middleware_stack", f"fastapi {version}",
-                 "service/main.py", "docs/reference/private-apis.md"):  # fmt: skip
+                 "service/app.py", "docs/reference/private-apis.md"):  # fmt: skip
         assert part in message, message

@@ -21,7 +21,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.config import Settings
-from service.main import create_app
+from service.app import create_app
 from tests.service.support import SHARED_ENV
 
 #: A request waits at most this long (a bound on a busy machine, not a timing assertion).
