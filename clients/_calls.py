@@ -36,10 +36,11 @@ from clients.types import (
 T = TypeVar("T")
 NPY = "application/x-npy"
 NPZ = "application/x-npz"
-#: ``distances`` sends a numpy gallery of at least this many values as an ``.npz`` body and
-#: reads the answer as ``.npy`` bytes (no number is formatted or parsed as text: a 10,000 x 128
-#: gallery is ~25 MB of JSON, whose parsing alone costs the service ~0.2-0.5 s).
-BINARY_GALLERY_VALUES = 4096
+#: ``distances`` sends a numpy matrix of candidate rows of at least this many values as an
+#: ``.npz`` body and reads the answer as ``.npy`` bytes (no number is formatted or parsed as
+#: text: a 10,000 x 128 matrix is ~25 MB of JSON, whose parsing alone would cost the service
+#: far more than the distances).
+BINARY_MATRIX_VALUES = 4096
 
 
 @dataclass(frozen=True)
@@ -130,10 +131,10 @@ def distances(
     restricted: bool = False,
 ) -> Call[Distances]:
     """One to many; ``binary`` None: an ``.npz`` body when ``B`` is a 2-D numpy array of at
-    least :data:`BINARY_GALLERY_VALUES` values, else JSON. ``restricted``: the answer is JSON
+    least :data:`BINARY_MATRIX_VALUES` values, else JSON. ``restricted``: the answer is JSON
     (``.npy`` answers carry the squared distances only), whatever the body."""
     if binary is None:
-        binary = isinstance(B, np.ndarray) and B.ndim == 2 and B.size >= BINARY_GALLERY_VALUES
+        binary = isinstance(B, np.ndarray) and B.ndim == 2 and B.size >= BINARY_MATRIX_VALUES
     params = _version_params(min_version, restricted)
     if not binary:
         body = {"a": vector(a, "a"), "b": matrix(B, "b")}
@@ -144,16 +145,16 @@ def distances(
         _distances,
         params=params,
         headers={"Content-Type": NPZ} if restricted else {"Content-Type": NPZ, "Accept": NPY},
-        content=gallery_npz(a, B),
+        content=one_to_many_npz(a, B),
     )
 
 
-def gallery_npz(a: Any, B: Any) -> bytes:
+def one_to_many_npz(a: Any, B: Any) -> bytes:
     """The ``.npz`` body of a one-to-many ``distance``: ``a`` (d,) and ``b`` (n, d); float32
     arrays stay float32 (half the bytes, exact in the service's float64), others float64.
 
     >>> import io
-    >>> arrays = np.load(io.BytesIO(gallery_npz([1, 2], np.eye(2, dtype=np.float32))))
+    >>> arrays = np.load(io.BytesIO(one_to_many_npz([1, 2], np.eye(2, dtype=np.float32))))
     >>> arrays["a"].dtype, arrays["b"].dtype, arrays["b"].shape
     (dtype('float64'), dtype('float32'), (2, 2))
     """
@@ -356,10 +357,10 @@ def identify_many(
     frr: float | None = None,
 ) -> Call[IdentifiedMany]:
     """Several vectors; ``binary`` None: an ``.npz`` body and answer when ``X`` is a 2-D numpy
-    array of at least :data:`BINARY_GALLERY_VALUES` values, else JSON (always JSON with a
+    array of at least :data:`BINARY_MATRIX_VALUES` values, else JSON (always JSON with a
     target rate ``far`` / ``frr``)."""
     if binary is None:
-        binary = isinstance(X, np.ndarray) and X.ndim == 2 and X.size >= BINARY_GALLERY_VALUES
+        binary = isinstance(X, np.ndarray) and X.ndim == 2 and X.size >= BINARY_MATRIX_VALUES
     binary = binary and far is None and frr is None
     params = _version_params(min_version)
     if not binary:

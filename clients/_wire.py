@@ -10,7 +10,7 @@ the retry decision) and :mod:`clients._stream` (the WebSocket ingestion window a
 from __future__ import annotations
 
 from clients._calls import (
-    BINARY_GALLERY_VALUES,
+    BINARY_MATRIX_VALUES,
     NPY,
     NPZ,
     Call,
@@ -23,7 +23,6 @@ from clients._calls import (
     enroll,
     gallery_delete,
     gallery_list,
-    gallery_npz,
     get_model,
     identify,
     identify_many,
@@ -32,6 +31,7 @@ from clients._calls import (
     livez,
     metric,
     metric_snapshot,
+    one_to_many_npz,
     openapi,
     prometheus,
     put_metric,
@@ -83,7 +83,7 @@ from clients.types import (
 )
 
 __all__ = [
-    "BINARY_GALLERY_VALUES",
+    "BINARY_MATRIX_VALUES",
     "FRAMES_HEADER",
     "NOT_SENT",
     "NPY",
@@ -112,7 +112,6 @@ __all__ = [
     "frames_header",
     "gallery_delete",
     "gallery_list",
-    "gallery_npz",
     "get_model",
     "give_up",
     "handshake_refusal",
@@ -129,6 +128,7 @@ __all__ = [
     "matrix",
     "metric",
     "metric_snapshot",
+    "one_to_many_npz",
     "openapi",
     "problem",
     "prometheus",

@@ -349,10 +349,10 @@ class AsyncOPMLClient:
         ``rehearsal`` (opml/copml; default 0) follows each learned sample with that many steps on
         samples drawn from a reservoir of ``rehearsal_memory`` past ones (default 1000). ``eta``,
         ``kappa`` (descent rule only) and ``lam`` belong to ``sgd``, ``sgd_psd`` and ``brm``,
-        ``mu`` to the first two; for ``brm``, ``margin`` is tau < 1 (the README lists the
-        ranges). A hyperparameter, or a ``step`` value, the algorithm does not use is refused
-        (:class:`~clients.errors.InvalidInput`, naming it). ``options`` passes members the
-        service accepts beyond the contract (e.g. ``calibration_window``).
+        ``mu`` to the first two; for ``brm``, ``margin`` is tau < 1 (the ranges are in
+        docs/guides/algorithms.md). A hyperparameter, or a ``step`` value, the algorithm does
+        not use is refused (:class:`~clients.errors.InvalidInput`, naming it). ``options``
+        passes members the service accepts beyond the contract (e.g. ``calibration_window``).
         """
         hyper = dict(
             algorithm=algorithm,
@@ -498,7 +498,7 @@ class AsyncOPMLClient:
 
         ``binary``: send the gallery as an ``.npz`` body and read the answer as ``.npy`` bytes
         (no JSON numbers either way; float32 arrays go as float32). None (default): when ``B``
-        is a 2-D numpy array of at least ``_wire.BINARY_GALLERY_VALUES`` values; False: JSON.
+        is a 2-D numpy array of at least ``_wire.BINARY_MATRIX_VALUES`` values; False: JSON.
         ``restricted=True`` adds the restricted distances (the answer is then JSON).
         """
         return await self._send(_wire.distances(name, a, B, min_version, binary, restricted))
@@ -560,7 +560,7 @@ class AsyncOPMLClient:
     ) -> Certificate:
         """High-confidence bounds on the triplet error, false accept and false reject rates of
         the served metric (at ``threshold``, default the served one), holding together with
-        probability ``>= 1 - delta`` (README, "Certificates"). 409
+        probability ``>= 1 - delta`` (docs/guides/certificates.md). 409
         :class:`~clients.errors.Conflict` while too few samples are held out (its ``extra``
         has ``needed`` and ``have``)."""
         return await self._send(_wire.certificate(name, delta, method, threshold, min_version))

@@ -248,7 +248,7 @@ class Ingested:
 @dataclass(frozen=True)
 class Distance:
     """``squared_distance = ||L(a - b)||^2`` (Eq. 2); ``distance`` its square root (Eq. 1).
-    ``restricted_distance`` (``D_R`` in [0, 1), seed 003 Eq. 7) and its square: from a ``brm``
+    ``restricted_distance`` (``D_R`` in [0, 1), the BRM paper, Eq. 7) and its square: from a ``brm``
     model always, from the others when asked (``restricted=True``); else None."""
 
     distance: float

@@ -363,7 +363,7 @@ def test_a_numpy_gallery_goes_binary_and_equals_json(client: OPMLClient, name: s
     client.ingest(name, X, y, wait=True)
     reference = core_learner(X, y, dim=d, **HYPER)
     rng = np.random.default_rng(1)
-    B = rng.normal(size=(300, d))  # 4,800 values: over BINARY_GALLERY_VALUES
+    B = rng.normal(size=(300, d))  # 4,800 values: over BINARY_MATRIX_VALUES
     B[5] = X[0]
     sent = _content_types(client)
     binary = client.distances(name, X[0], B)

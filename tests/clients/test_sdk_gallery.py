@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from clients import AsyncOPMLClient, OPMLClient
-from clients._wire import BINARY_GALLERY_VALUES
+from clients._wire import BINARY_MATRIX_VALUES
 from clients.errors import InvalidInput, NotFound
 from tests.service.support import ServiceProcess
 
@@ -44,7 +44,7 @@ def test_enroll_identify_list_delete(client: OPMLClient, name: str) -> None:
     np.testing.assert_allclose([m.squared_distance for m in found.matches], np.sort(sq)[:3],
                                rtol=1e-9)  # fmt: skip
 
-    Q = rng.normal(size=(BINARY_GALLERY_VALUES // d + 1, d))  # large enough to go as .npz
+    Q = rng.normal(size=(BINARY_MATRIX_VALUES // d + 1, d))  # large enough to go as .npz
     binary = client.identify_many(name, Q, k=2, threshold=1.0)
     as_json = client.identify_many(name, Q, k=2, threshold=1.0, binary=False)
     assert binary.version == as_json.version == 60 and binary.threshold_source == "caller"

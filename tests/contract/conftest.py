@@ -20,8 +20,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from service.config import Settings
 from service.app import create_app
+from service.config import Settings
 from tests.service.support import SHARED_ENV
 
 #: A request waits at most this long (a bound on a busy machine, not a timing assertion).
