@@ -19,11 +19,12 @@ from service.core.gradient import STEP_RULES
 from service.core.holdout import check_holdout_config
 from service.core.rehearsal import DEFAULT_MEMORY
 
-Algorithm = Literal["opml", "copml", "sgd", "sgd_psd", "brm"]
+Algorithm = Literal["opml", "copml", "sgd", "sgd_psd", "brm", "lda"]
 StepRule = Literal["constant", "descent", "invsqrt"]
 #: ``step`` of any algorithm: the OPML/COPML unit rules or the gradient learners' schedules.
 Step = steps.Step | StepRule
 Normalize = Literal["none", "l2"]
+Precondition = Literal["none", "whiten"]
 
 #: Each algorithm's own hyperparameters and their defaults. A field missing from an
 #: algorithm's row is not used by it: it stays ``None`` and setting it is a ValueError
@@ -73,12 +74,20 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
         "margin": 1.0,
     },
     "brm": {"step": "descent", "eta": 0.3, "kappa": 0.5, "lam": 0.0, "margin": 0.1},
+    "lda": {"margin": 1.0},
 }
 GRADIENT_ALGORITHMS = ("sgd", "sgd_psd", "brm")
 #: The ``step`` values each algorithm accepts (the first OPML/COPML, the second the others').
 STEP_VALUES: dict[str, tuple[str, ...]] = {
     name: steps.STEPS if name in ("opml", "copml") else STEP_RULES for name in ALGORITHM_DEFAULTS
 }
+STEP_VALUES["lda"] = ()
+#: The within-class statistics' settings (:mod:`service.core.within`), used by ``lda`` and by
+#: ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): refresh every ``refresh`` learned
+#: samples (1 ... 1,000,000; each refresh is O(d^3)), shrinkage in [0, 1] (0 = none).
+WITHIN_DEFAULTS: dict[str, Any] = {"refresh": 1000, "shrinkage": 0.0}
+#: The algorithms ``precondition="whiten"`` applies to.
+WHITENED_ALGORITHMS = ("opml", "copml", "sgd")
 #: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).
 GRADIENT_GAMMA_PAIR = 1e-2
 
@@ -160,6 +169,9 @@ class LearnerConfig:
     pac_bayes_window: int = 0
     rehearsal: int | None = None
     rehearsal_memory: int | None = None
+    precondition: Precondition = "none"
+    refresh: int | None = None
+    shrinkage: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim", check_int(self.dim, "dim", 1, MAX_DIM))
@@ -173,10 +185,13 @@ class LearnerConfig:
             allowed = ", ".join(repr(rule) for rule in STEP_VALUES[self.algorithm])
             where = f"for algorithm {self.algorithm!r}"
             raise ValueError(f"step: must be one of {allowed} {where}, got {self.step!r}")
-        if self.algorithm in GRADIENT_ALGORITHMS:
+        if self.algorithm == "lda":
+            self._resolve_lda(defaults)
+        elif self.algorithm in GRADIENT_ALGORITHMS:
             self._resolve(defaults)
         else:
             self._resolve_opml(defaults)
+        self._resolve_within()
         object.__setattr__(self, "seed", check_int(self.seed, "seed", 0, 2**128 - 1))
         window = check_int(self.calibration_window, "calibration_window", 1, 1_000_000)
         object.__setattr__(self, "calibration_window", window)
@@ -218,6 +233,39 @@ class LearnerConfig:
         for name, (low, high) in REHEARSAL_RANGES.items():
             value = defaults[name] if getattr(self, name) is None else getattr(self, name)
             object.__setattr__(self, name, check_int(value, name, low, high))
+
+    @property
+    def within(self) -> bool:
+        """Whether the learner keeps within-class statistics (``lda`` or whitening)."""
+        return self.algorithm == "lda" or self.precondition == "whiten"
+
+    def _resolve_within(self) -> None:
+        """``precondition``, ``refresh`` and ``shrinkage`` (:mod:`service.core.within`)."""
+        if self.precondition not in ("none", "whiten"):
+            raise ValueError(f"precondition: must be 'none' or 'whiten', got {self.precondition!r}")
+        if self.precondition == "whiten":
+            if self.algorithm not in WHITENED_ALGORITHMS:
+                where = f"algorithm {self.algorithm!r}"
+                raise ValueError(f"precondition: 'whiten' is for opml, copml and sgd, not {where}")
+            if self.rehearsal:
+                raise ValueError("rehearsal: not used with precondition 'whiten'")
+        if not self.within:
+            self._refuse(("refresh", "shrinkage"), "precondition 'none'")
+            return
+        refresh = WITHIN_DEFAULTS["refresh"] if self.refresh is None else self.refresh
+        object.__setattr__(self, "refresh", check_int(refresh, "refresh", 1, 1_000_000))
+        shrink = WITHIN_DEFAULTS["shrinkage"] if self.shrinkage is None else self.shrinkage
+        shrink = check_nonnegative(shrink, "shrinkage")
+        if shrink > 1.0:
+            raise ValueError(f"shrinkage: must be in [0, 1], got {shrink!r}")
+        object.__setattr__(self, "shrinkage", shrink)
+
+    def _resolve_lda(self, defaults: dict[str, Any]) -> None:
+        """``lda``: no step machinery; ``margin`` is only the verification fallback."""
+        names = ("gamma", "gamma_pair", "step", "auto_warmup", "eta", "mu", "kappa", "lam")
+        self._refuse((*names, "rehearsal", "rehearsal_memory"), "algorithm 'lda'")
+        margin = defaults["margin"] if self.margin is BY_ALGORITHM else self.margin
+        object.__setattr__(self, "margin", check_positive(margin, "margin"))
 
     def _resolve(self, defaults: dict[str, Any]) -> None:
         """The gradient learners: fill the algorithm's defaults, refuse fields it does not use,
