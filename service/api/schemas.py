@@ -79,7 +79,7 @@ class ModelCreate(_Body):
 
     name: ModelName
     dim: StrictInt = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
-    algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm"] = "copml"
+    algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm", "lda"] = "copml"
     step: Literal["scaled", "paper", "constant", "descent", "invsqrt"] | None = Field(
         default=None,
         description="Step rule; its values depend on the algorithm (another one: 422 naming "
@@ -131,6 +131,28 @@ class ModelCreate(_Body):
         le=100_000,
         description="opml/copml: the rehearsal reservoir's size in samples (default 1000; "
         "rehearsal_memory x d float64 in memory and in every checkpoint). Not used by the others.",
+    )
+    precondition: Literal["none", "whiten"] | None = Field(
+        default=None,
+        description='opml/copml/sgd: "whiten" learns L on W x, W the within-class whitening '
+        'kept online, and serves L W (default "none"; not combined with rehearsal).',
+    )
+    refresh: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description='lda, and precondition "whiten": learned samples between two refreshes of '
+        "the metric (lda) or of W from the within-class statistics (default 1000; each is "
+        "O(d^3)). Not used by the others.",
+    )
+    shrinkage: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description='lda, and precondition "whiten": shrinkage of the pooled within-class '
+        "covariance towards a multiple of the identity with its trace, in [0, 1] (default 0: "
+        "none); makes it definite when d is close to the number of samples.",
     )
     normalize: Literal["none", "l2"] = "none"
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
@@ -317,7 +339,7 @@ class ModelOut(BaseModel):
         "invsqrt (null only from a process of a version without step rules).",
     )
     gamma: float | Literal["auto"] | None
-    gamma_pair: float
+    gamma_pair: float | None = Field(description="null for lda (no steps).")
     margin: float
     normalize: str
     seed: int
@@ -332,6 +354,16 @@ class ModelOut(BaseModel):
     )
     rehearsal_memory: int | None = Field(
         default=None, description="opml/copml: the rehearsal reservoir's size (null as rehearsal)."
+    )
+    precondition: Literal["none", "whiten"] = Field(
+        default="none",
+        description='opml/copml/sgd: "whiten" serves L W (W: within-class whitening).',
+    )
+    refresh: int | None = Field(
+        default=None, description='lda and precondition "whiten": samples between refreshes.'
+    )
+    shrinkage: float | None = Field(
+        default=None, description='lda and precondition "whiten": covariance shrinkage.'
     )
     holdout: float
     holdout_window: int
