@@ -29,9 +29,12 @@ i.e. O(d^3 / refresh) per sample amortised, next to the O(d^2) of the statistics
 * :func:`whitening`: the symmetric inverse square root ``W = Sigma_W^{-1/2}``, under which the
   within-class covariance is the identity (the preconditioner of ``precondition="whiten"``).
 
-While ``Sigma_W`` is singular (fewer than ``d + K`` samples, or samples confined to a subspace)
-and ``shrinkage`` is 0, a refresh returns ``None`` and the learner keeps its metric: an inverse
-of a singular covariance would blow up the directions the stream has not varied in yet.
+Directions in which no sample varies at all (a constant feature, an exact linear relation
+between features) are left out: both are computed on the range of the total scatter, and ``L``
+and ``W - c I`` are zero outside it. While ``Sigma_W`` is singular on that range (fewer samples
+than dimensions and classes, or a direction that varies only between classes) and ``shrinkage``
+is 0, a refresh returns ``None`` and the learner keeps its metric: an inverse of a singular
+covariance would blow up the directions the stream has not varied in yet.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ from service.core._validation import Array
 #: Relative floor of ``Sigma_W``'s smallest eigenvalue (times its mean one) below which it
 #: counts as singular: beyond ~1e12 the inverse's rounding error reaches 1e-4 relative.
 SINGULAR = 1e-12
+#: Relative floor (times the largest) of the total scatter's eigenvalues whose directions
+#: count as varied (:func:`_support`): an exact linear relation leaves ~1e-16 of rounding.
+SUPPORT = 1e-10
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
@@ -236,6 +242,38 @@ def _definite(cov: Array) -> bool:
     return low > SINGULAR * max(float(np.trace(cov)) / len(cov), np.finfo(float).tiny)
 
 
+def _support(stats: WithinClass) -> Array:
+    """An orthonormal basis ``P`` (``d x p``) of the directions the stream varies in: the
+    range of the total scatter ``S_W + S_B``. A constant feature, or an exact linear relation
+    between features (a sum kept next to its parts), leaves a direction in which every sample
+    is the same; no distance depends on it, and ``Sigma_W`` is singular there whatever the
+    stream, so the metric is computed on the others (``P`` is ``I`` for data that vary in
+    every direction)."""
+    total = stats.scatter + stats.between()
+    values, vectors = np.linalg.eigh(0.5 * (total + total.T))
+    keep = values > SUPPORT * max(float(values[-1]), np.finfo(float).tiny)
+    if keep.all():
+        return np.eye(stats.dim)
+    out: Array = vectors[:, keep]
+    return out
+
+
+def _projected(stats: WithinClass, shrinkage: float) -> tuple[Array, Array] | None:
+    """``P`` and ``P^T Sigma_W P`` shrunk (within the support); None while it is singular."""
+    n, k = stats.n_samples, stats.n_classes
+    if n - k < 1:
+        return None
+    P = _support(stats)
+    cov: Array = P.T @ (stats.scatter / (n - k)) @ P
+    if shrinkage:
+        target = float(np.trace(cov)) / len(cov)
+        cov = (1.0 - shrinkage) * cov
+        cov[np.diag_indices(len(cov))] += shrinkage * target
+    if not _definite(cov):
+        return None
+    return P, cov
+
+
 def fisher(stats: WithinClass, shrinkage: float) -> Array | None:
     """The ``d x d`` ``L`` whose first ``min(K - 1, d)`` rows are Fisher's discriminant
     directions (module docstring), the rest zero; None while ``Sigma_W`` is singular or fewer
@@ -248,17 +286,17 @@ def fisher(stats: WithinClass, shrinkage: float) -> Array | None:
     >>> L.shape, bool(np.allclose(L[1], 0.0))
     ((2, 2), True)
     """
-    cov = stats.covariance(shrinkage)
-    if cov is None or stats.n_classes < 2 or not _definite(cov):
+    projected = _projected(stats, shrinkage) if stats.n_classes >= 2 else None
+    if projected is None:
         return None
-    chol = np.linalg.cholesky(cov)
-    inv = np.linalg.inv(chol)  # C^{-1}
-    reduced = inv @ stats.between() @ inv.T
+    P, cov = projected
+    inv = np.linalg.inv(np.linalg.cholesky(cov))  # C^{-1}
+    reduced = inv @ (P.T @ stats.between() @ P) @ inv.T
     _, vectors = np.linalg.eigh(0.5 * (reduced + reduced.T))
-    r = min(stats.n_classes - 1, stats.dim)
+    r = min(stats.n_classes - 1, len(cov))
     L = np.zeros((stats.dim, stats.dim))
-    # v = C^{-T} u, largest eigenvalues first (eigh's order is ascending).
-    L[:r] = (inv.T @ vectors[:, ::-1][:, :r]).T
+    # v = P C^{-T} u, largest eigenvalues first (eigh's order is ascending).
+    L[:r] = (P @ (inv.T @ vectors[:, ::-1][:, :r])).T
     return L
 
 
@@ -271,9 +309,12 @@ def whitening(stats: WithinClass, shrinkage: float) -> Array | None:
     >>> np.round(whitening(stats, 0.0), 6).tolist()  # Sigma_W = diag(8, 0.5) / 2
     [[0.5, 0.0], [0.0, 2.0]]
     """
-    cov = stats.covariance(shrinkage)
-    if cov is None or not _definite(cov):
+    projected = _projected(stats, shrinkage)
+    if projected is None:
         return None
+    P, cov = projected
     values, vectors = np.linalg.eigh(cov)
-    out: Array = (vectors / np.sqrt(values)) @ vectors.T
+    out: Array = P @ ((vectors / np.sqrt(values)) @ vectors.T) @ P.T
+    if P.shape[1] < stats.dim:  # no sample varies there: any invertible scale will do
+        out += (np.eye(stats.dim) - P @ P.T) / np.sqrt(float(values.mean()))
     return 0.5 * (out + out.T)

@@ -208,3 +208,19 @@ def test_served_metric_is_used_by_queries_and_set_metric() -> None:
 def test_bad_config_is_refused_naming_the_field(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
         LearnerConfig(dim=3, **fields)  # type: ignore[arg-type]
+
+
+def test_constant_and_collinear_features_are_left_out() -> None:
+    """A constant feature and one that is the sum of two others: no sample varies in those
+    directions, so the metric is computed on the others (as if they were not there)."""
+    X, y = make_stream(400, 4, 3, seed=13)
+    wide = np.column_stack([X, np.full(len(X), 7.0), X[:, 0] + X[:, 1]])
+    learner = Learner(LearnerConfig(dim=6, algorithm="lda", refresh=400))
+    learner.learn_many(wide, y)
+    narrow = Learner(LearnerConfig(dim=4, algorithm="lda", refresh=400))
+    narrow.learn_many(X, y)
+    ours, theirs = pairwise(wide @ learner.L.T), pairwise(X @ narrow.L.T)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-9 * theirs.max())
+    white = Learner(LearnerConfig(dim=6, algorithm="opml", precondition="whiten", refresh=100))
+    white.learn_many(wide, y)
+    assert white._W is not None and np.isfinite(white.L).all()
