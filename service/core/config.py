@@ -113,10 +113,10 @@ class LearnerConfig:
     literal rule. ``None`` means the rule's default: scaled ``gamma = 0.05``,
     ``gamma_pair = 0.1``; paper ``gamma = 1e-3`` (the largest step that keeps all ten Table II
     data sets within the paper's bar, ``benchmarks/results/gamma_grid.md``) and
-    ``gamma_pair = 1e-2``. ``gamma="auto"`` (scaled only) races a grid of step sizes during the
-    first ``auto_warmup`` triplets and keeps the winner (:mod:`service.core.race`). For the
-    gradient learners ``step`` is their schedule (``"constant"``, ``"descent"``, ``"invsqrt"``)
-    and ``eta``, ``mu``, ``kappa``, ``lam`` their hyperparameters: :data:`ALGORITHM_DEFAULTS`
+    ``gamma_pair = 1e-2``. ``gamma="auto"`` (scaled only) keeps racing three step sizes around
+    the served one, scored on blocks of ``auto_warmup / 2`` triplets
+    (:mod:`service.core.race`). For the gradient learners ``step`` is their schedule
+    (``"constant"``, ``"descent"``, ``"invsqrt"``) and ``eta``, ``mu``, ``kappa``, ``lam`` their hyperparameters: :data:`ALGORITHM_DEFAULTS`
     (``eta = gamma / 2 = 5e-4`` makes hinge ``sgd`` the first-order twin of OPML under the
     paper's rule, ``eta = 2 gamma`` does it for ``sgd_psd``). A field left at its default takes
     the algorithm's value; one the algorithm does not use stays ``None``.

@@ -140,8 +140,8 @@ def _tracker(config: LearnerConfig) -> StabilityTracker:
     """The step-mass accounting of ``config``'s algorithm (nominal steps, see its module).
 
     OPML / COPML: ``gamma`` and ``gamma_pair`` in their step rule's units (the learner sets
-    the triplet step to the served track's ``gamma`` before each batch: the race's winner
-    after a ``gamma="auto"`` race)."""
+    the triplet step to the served track's ``gamma`` before each batch: the race's leader
+    under ``gamma="auto"``)."""
     if config.algorithm == "lda":  # no steps: nothing is observed
         return StabilityTracker(0.0, 0.0, CONSTANT, mu=None, lam=0.0)
     if config.algorithm in GRADIENT_ALGORITHMS:
@@ -270,8 +270,8 @@ class Learner:
 
     @property
     def race(self) -> dict[str, Any] | None:
-        """``gamma="auto"``: the race's ``state`` (``"racing"`` / ``"done"``), ``grid``,
-        ``warmup``, progress, ``serving`` / ``winner`` step size, each rung's scores
+        """``gamma="auto"``: the race's ``state`` (``"racing"``: it never ends), ``grid``,
+        ``warmup``, progress, the ``serving`` step size, the last blocks' scores
         (``rounds``) and the live candidates with their health; None otherwise."""
         if self._race is None:
             return None
