@@ -116,10 +116,11 @@ class LearnerConfig:
     ``gamma_pair = 1e-2``. ``gamma="auto"`` (scaled only) keeps racing three step sizes around
     the served one, scored on blocks of ``auto_warmup / 2`` triplets
     (:mod:`service.core.race`). For the gradient learners ``step`` is their schedule
-    (``"constant"``, ``"descent"``, ``"invsqrt"``) and ``eta``, ``mu``, ``kappa``, ``lam`` their hyperparameters: :data:`ALGORITHM_DEFAULTS`
-    (``eta = gamma / 2 = 5e-4`` makes hinge ``sgd`` the first-order twin of OPML under the
-    paper's rule, ``eta = 2 gamma`` does it for ``sgd_psd``). A field left at its default takes
-    the algorithm's value; one the algorithm does not use stays ``None``.
+    (``"constant"``, ``"descent"``, ``"invsqrt"``) and ``eta``, ``mu``, ``kappa``, ``lam``
+    their hyperparameters: :data:`ALGORITHM_DEFAULTS` (``eta = gamma / 2 = 5e-4`` makes
+    hinge ``sgd`` the first-order twin of OPML under the paper's rule, ``eta = 2 gamma``
+    does it for ``sgd_psd``). A field left at its default takes the algorithm's value; one the
+    algorithm does not use stays ``None``.
     ``normalize="l2"`` scales every input (samples and query vectors alike) to unit norm.
     Every value has a documented range; outside it, ``ValueError`` naming the argument.
     ``holdout``, ``holdout_window``, ``pac_bayes_prefix`` and ``pac_bayes_window`` configure
@@ -127,6 +128,11 @@ class LearnerConfig:
     0 ... 16) makes every learned sample followed by that many steps on samples drawn from a
     reservoir of ``rehearsal_memory`` past ones (default 1,000, range 1 ... 100,000): more than one
     pass over the stream, at ``1 + rehearsal`` times the CPU (:mod:`service.core.rehearsal`).
+    ``algorithm="lda"`` serves Fisher's discriminant metric from within-class statistics kept
+    online, ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``; not with rehearsal) learns
+    on within-class whitened inputs and serves ``L W``; both refresh every ``refresh`` learned
+    samples (default 1,000; 1 ... 1,000,000) with ``shrinkage`` in [0, 1] (default 0)
+    (:mod:`service.core.within`).
 
     >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
     ('copml', 'scaled', 0.05)
