@@ -101,7 +101,14 @@ from service.core.update import (
     nan_filled,
 )
 from service.core.view import MetricView
-from service.core.within import WithinClass, apply, fisher, measure, whitening
+from service.core.within import (
+    WithinClass,
+    apply,
+    fisher,
+    measure,
+    next_refresh,
+    whitening,
+)
 
 #: Outcomes of steps that measured both distances of a triplet (they feed the calibrator).
 _MEASURED = np.zeros(len(OUTCOMES), dtype=bool)
@@ -388,7 +395,8 @@ class Learner:
 
     def _learn(self, X: Array, keys: list[str]) -> StepResults:
         """Learn validated rows, cut where a refresh of the within-class statistics falls
-        (every ``refresh`` learned samples, so batching does not move it)."""
+        (at fixed learned-sample counts, :func:`~service.core.within.next_refresh`, so
+        batching does not move it)."""
         stats = self._within
         if stats is None:
             return self._learn_part(X, keys)
@@ -396,9 +404,10 @@ class Learner:
         parts: list[StepResults] = []
         start, n = 0, len(keys)
         while start < n:
-            end = min(n, start + refresh - self._trained() % refresh)
+            point = next_refresh(self._trained(), refresh)
+            end = min(n, start + point - self._trained())
             parts.append(self._learn_part(X[start:end], keys[start:end]))
-            if self._trained() % refresh == 0:
+            if self._trained() == point:
                 self._refresh()
             start = end
         if len(parts) == 1:

@@ -11,8 +11,9 @@ sample in one compiled pass. Samples are folded in one at a time in stream order
 statistics are bit-identical however the stream is batched; they are float64 arrays of the
 learner's state, so a resumed learner continues bit-identically too.
 
-From them, at a *refresh* (every ``refresh`` learned samples; O(d^3 + K d^2) for ``K`` classes,
-i.e. O(d^3 / refresh) per sample amortised, next to the O(d^2) of the statistics):
+From them, at a *refresh* (every ``refresh`` learned samples, and before the first of those at
+32, 64, 128, ... samples: :func:`next_refresh`; O(d^3 + K d^2) for ``K`` classes, i.e.
+O(d^3 / refresh) per sample amortised, next to the O(d^2) of the statistics):
 
 * the pooled within-class covariance ``Sigma_W = S_W / (n - K)``, shrunk towards a multiple of
   the identity with the same trace, ``(1 - alpha) Sigma_W + alpha (tr Sigma_W / d) I``
@@ -45,6 +46,26 @@ import numpy as np
 from numba import njit
 
 from service.core._validation import Array
+
+#: The first refresh point: before ``refresh`` samples, refreshes fall on the powers of two
+#: from here (32, 64, 128, ...), so a short stream, or the start of a long one, is not left
+#: without a metric for ``refresh`` samples (log2(refresh / 32) more refreshes in all).
+FIRST_REFRESH = 32
+
+
+def next_refresh(learned: int, refresh: int) -> int:
+    """The first refresh point after ``learned`` samples: a power of two from
+    :data:`FIRST_REFRESH` below ``refresh``, then every multiple of ``refresh``.
+
+    >>> [next_refresh(t, 1000) for t in (0, 32, 100, 512, 999, 1000, 1500)]
+    [32, 64, 128, 1000, 1000, 2000, 2000]
+    """
+    point = FIRST_REFRESH
+    while point <= learned:
+        point *= 2
+    multiple = (learned // refresh + 1) * refresh
+    return point if point < refresh else multiple
+
 
 #: Relative floor of ``Sigma_W``'s smallest eigenvalue (times its mean one) below which it
 #: counts as singular: beyond ~1e12 the inverse's rounding error reaches 1e-4 relative.
