@@ -179,12 +179,14 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 3)")
     parser.add_argument("--batch-rows", type=int, default=5000)
     parser.add_argument("--no-slow", action="store_true", help="skip NCA, ITML and LMNN")
+    parser.add_argument("--methods", nargs="*", default=None, help="only these (labels)")
+    parser.add_argument("--stem", default=None, help="results file name (default by mode)")
     args = parser.parse_args()
     sets = args.sets or (QUICK_SETS if args.quick else SETS)
     seeds = range(args.seeds or (1 if args.quick else 3))
     ours = QUICK_OURS if args.quick else tuple(OURS)
     batch = ("sklearn LDA",) if args.quick or args.no_slow else BATCH
-    methods = ("Euclidean", *ours, *batch)
+    methods = tuple(args.methods) if args.methods else ("Euclidean", *ours, *batch)
     rows: list[dict[str, Any]] = []
     for name in sets:
         X, y = load(name)
@@ -199,16 +201,16 @@ def main() -> None:
                     f"CPU {result['cpu_s']:.3f} s",
                     flush=True,
                 )
-    write(rows, sets, methods, args.quick)
+    stem = args.stem or ("batch_compare_quick" if args.quick else "batch_compare")
+    write(rows, sets, methods, stem)
 
 
 def _mean(rows: list[dict[str, Any]], name: str, method: str, key: str) -> float:
     return float(np.mean([r[key] for r in rows if r["set"] == name and r["method"] == method]))
 
 
-def write(rows: list[dict[str, Any]], sets: Any, methods: Any, quick: bool) -> None:
+def write(rows: list[dict[str, Any]], sets: Any, methods: Any, stem: str) -> None:
     info = machine_info()
-    stem = "batch_compare_quick" if quick else "batch_compare"
     command = command_line("benchmarks.quality.batch_compare")
     payload = {"command": command, "machine": info, "rows": rows}
     RESULTS.mkdir(exist_ok=True)

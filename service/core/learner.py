@@ -30,7 +30,9 @@ and learns its ``L`` by its own rule on ``W x``, ``W`` the within-class whitenin
 :mod:`service.core.within` (identity until the first refresh that finds the pooled covariance
 definite). The served ``L`` (:attr:`Learner.L`, every query, snapshot and certificate) is the
 effective ``L W``. Until the first refresh that finds the pooled covariance definite there is
-no ``W``: the samples only feed the statistics and the buffer, and are measured as ``lda``'s
+no ``W`` (it needs a definite covariance from at least ten samples per dimension,
+:data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the statistics and the
+buffer, and are measured as ``lda``'s
 are (``L = I`` is served, or a metric set by :meth:`Learner.set_metric`); at that refresh
 ``W`` arrives and the served metric becomes ``L W`` (the whitened Euclidean distance by
 default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there.

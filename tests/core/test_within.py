@@ -135,14 +135,14 @@ def test_whitening_refresh_does_not_move_the_served_metric(algorithm: str) -> No
     X, y = make_stream(260, 5, 3, seed=7)
     cfg = LearnerConfig(dim=5, algorithm=algorithm, precondition="whiten", refresh=100)  # type: ignore[arg-type]
     learner = Learner(cfg)
-    learner.learn_many(X[:31], y[:31])  # no W yet: only measured, L = I served
-    assert learner._W is None and learner.counts["passive"] > 20
+    learner.learn_many(X[:63], y[:63])  # no W yet (10 samples per dimension): measured only
+    assert learner._W is None and learner.counts["passive"] > 50
     np.testing.assert_array_equal(learner.L, np.eye(5))
-    learner.learn_one(X[31], int(y[31]))  # the first refresh (32): W arrives, L W = W served
+    learner.learn_one(X[63], int(y[63]))  # the refresh at 64: W arrives, L W = W served
     W_first = learner._W
     assert W_first is not None
     np.testing.assert_allclose(learner.L, W_first, rtol=1e-12)
-    learner.learn_many(X[32:250], y[32:250])  # steps on W x; refreshes at 64, 100, 200
+    learner.learn_many(X[64:250], y[64:250])  # steps on W x; refreshes at 100, 200
     assert learner.counts["triplet_update"] + learner.counts["sgd_update"] > 5
     before, W_before = learner.L.copy(), learner._W.copy()  # type: ignore[union-attr]
     learner._refresh()  # a refresh now, on 250 samples' statistics
