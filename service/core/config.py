@@ -17,6 +17,7 @@ from service.core import steps
 from service.core._validation import check_int, check_nonnegative, check_positive
 from service.core.gradient import STEP_RULES
 from service.core.holdout import check_holdout_config
+from service.core.race import CANDIDATES
 from service.core.rehearsal import DEFAULT_MEMORY
 
 Algorithm = Literal["opml", "copml", "sgd", "sgd_psd", "brm", "lda"]
@@ -209,14 +210,17 @@ class LearnerConfig:
     @property
     def steps_per_sample(self) -> int:
         """Steps the learner takes per learned sample: ``1 + rehearsal`` (1 without rehearsal
-        and for the gradient learners), what the writer sizes its batches by.
+        and for the gradient learners), times the race's candidates under ``gamma="auto"``:
+        what the writer sizes its batches by.
 
         >>> LearnerConfig(dim=2).steps_per_sample
         1
         >>> LearnerConfig(dim=2, rehearsal=2).steps_per_sample
         3
+        >>> LearnerConfig(dim=2, gamma="auto").steps_per_sample
+        3
         """
-        return 1 + (self.rehearsal or 0)
+        return (1 + (self.rehearsal or 0)) * (CANDIDATES if self.gamma == steps.AUTO else 1)
 
     def _refuse(self, names: tuple[str, ...], where: str) -> None:
         for name in names:

@@ -97,3 +97,32 @@ def test_out_of_range_fields_are_422_naming_the_field(
     problem = assert_problem(response, 422)
     assert problem["errors"][0]["loc"] == ["body", field], problem
     assert api.get(f"/v1/models/{name}").status_code == 404
+
+
+def test_to_sklearn_of_lda_and_whitened_models_answers_as_the_service(
+    api: httpx.Client, name: str, service: Any
+) -> None:
+    from clients import OPMLClient
+
+    X, y = stream(300, 4, 3, seed=2)
+    with OPMLClient(service.url) as client:
+        for suffix, config in (
+            ("l", {"algorithm": "lda", "refresh": 100}),
+            ("w", {"algorithm": "opml", "precondition": "whiten"}),
+        ):
+            model = f"{name}-{suffix}"
+            make_model(api, model, 4, seed=1, **config)
+            client.ingest(model, X, y)
+            L = client.metric(model, min_version=300)
+            estimator = client.to_sklearn(model)
+            np.testing.assert_array_equal(estimator.components_, L)
+            if suffix == "l":
+                assert type(estimator).__name__ == "OnlineLDA" and estimator.refresh == 100
+            pairs = np.stack([X[:5], X[5:10]], axis=1)
+            served = [
+                api.post(
+                    f"/v1/models/{model}/distance", json={"a": a.tolist(), "b": b.tolist()}
+                ).json()["distance"]
+                for a, b in pairs
+            ]
+            np.testing.assert_allclose(estimator.pair_distance(pairs), served, rtol=1e-12)
