@@ -322,8 +322,7 @@ def fisher(stats: WithinClass, shrinkage: float) -> Array | None:
 
 
 #: Samples per dimension before a first ``W`` is formed: a covariance from fewer is noisy in
-#: its small eigenvalues, and whitening by it blows that noise up into the metric (on the
-#: 64-d digits, ``W`` from 128 samples served a verification AUC near chance).
+#: its small eigenvalues, and whitening by it blows that noise up into the metric.
 WHITEN_SAMPLES = 10
 
 
