@@ -158,6 +158,9 @@ def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
                 "auto_warmup",
                 "rehearsal",
                 "rehearsal_memory",
+                "precondition",
+                "refresh",
+                "shrinkage",
                 *GRADIENT,
             )
         }
@@ -497,9 +500,10 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--dim", type=int, required=True, help="dimension d of the vectors")
     create.add_argument(
         "--algorithm",
-        choices=["copml", "opml", "sgd", "sgd_psd", "brm"],
+        choices=["copml", "opml", "sgd", "sgd_psd", "brm", "lda"],
         help="copml (pairwise cold start), opml, sgd (triplet-loss SGD on L), sgd_psd (SGD on "
-        "M with PSD projection, O(d^3) per step), brm (boundary-restricted metric)",
+        "M with PSD projection, O(d^3) per step), brm (boundary-restricted metric), lda "
+        "(Fisher's discriminant metric from within-class statistics kept online)",
     )
     create.add_argument(
         "--step",
@@ -537,6 +541,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--normalize", choices=["none", "l2"], help="scale samples and queries to unit norm (l2)"
     )
     create.add_argument("--seed", type=int, help="seed of the negative-class draws")
+    create.add_argument(
+        "--precondition",
+        choices=["none", "whiten"],
+        help="opml/copml/sgd: whiten learns on within-class whitened inputs and serves L W",
+    )
+    create.add_argument(
+        "--refresh",
+        type=int,
+        help="lda, --precondition whiten: samples between refreshes (default 1000; O(d^3) each)",
+    )
+    create.add_argument(
+        "--shrinkage",
+        type=float,
+        help="lda, --precondition whiten: covariance shrinkage in [0, 1] (default 0)",
+    )
     create.add_argument("--eta", type=float, help="sgd/sgd_psd/brm: gradient step eta > 0")
     create.add_argument("--mu", type=float, help="sgd/sgd_psd: loss smoothing >= 0 (0: hinge)")
     create.add_argument(
