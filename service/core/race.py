@@ -244,7 +244,11 @@ class Race:
 
     @classmethod
     def from_state(cls, pairs: Array, meta: dict[str, Any]) -> Race:
-        """Inverse of :meth:`to_state`; ValueError if they do not fit together."""
+        """Inverse of :meth:`to_state`; ValueError if they do not fit together. The state of
+        the warm-up race that preceded this one (it has ``alive``, no ``gammas``) restarts the
+        race from the served metric at the next learned sample."""
+        if "gammas" not in meta and "alive" in meta:
+            return cls(int(meta["warmup"]))
         gammas = tuple(float(g) for g in meta["gammas"])
         race = cls(int(meta["warmup"]), gammas)
         race.scores = [None if s is None else float(s) for s in meta["scores"]]

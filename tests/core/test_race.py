@@ -181,3 +181,29 @@ def test_a_put_metric_before_or_during_the_race_is_raced_from() -> None:
 def test_auto_is_refused_with_the_papers_units() -> None:
     with pytest.raises(ValueError, match="gamma: 'auto' needs step='scaled'"):
         LearnerConfig(dim=3, gamma="auto", step="paper")
+
+
+def test_a_checkpoint_of_the_warm_up_race_restarts_the_race_from_the_served_metric() -> None:
+    """The state of the earlier warm-up race (successive halving; done: one track left)."""
+    X, y = stream(300, seed=4)
+    learner = Learner(LearnerConfig(dim=8, gamma="auto", auto_warmup=100, seed=1))
+    learner.learn_many(X[:200], y[:200])
+    arrays, meta = learner.to_state()
+    served = learner.L.copy()
+    arrays = {"L": served, "buffer": arrays["buffer"], "calibration": arrays["calibration"]}
+    tracks = meta["tracks"]
+    j = tracks["served"]
+    old_tracks = {
+        **{k: v for k, v in tracks.items() if k != "calibrations"},
+        "gammas": [tracks["gammas"][j]],
+        "state": [tracks["state"][j]],
+        "counts": [tracks["counts"][j]],
+        "served": 0,
+    }
+    old_race = {"grid": [0.025, 0.05, 0.1, 0.2], "warmup": 100, "started": True, "rung": 2,
+                "triplets": 100, "alive": [1], "history": []}  # fmt: skip
+    resumed = Learner.from_state(arrays, {**meta, "tracks": old_tracks, "race": old_race})
+    np.testing.assert_array_equal(resumed.L, served)
+    assert resumed.race is not None and resumed.race["triplets"] == 0
+    resumed.learn_many(X[200:], y[200:])  # the race starts again from the served L
+    assert len(resumed.race["candidates"]) == 3 and resumed.race["rung"] >= 1
