@@ -71,6 +71,8 @@ BENCHMARKS = [
               "split)", "5 min"),
     Benchmark("operating_points", "quality", "TAR at a certified FAR (1e-2, 1e-3) on real "
               "data beside Euclidean and the EER threshold; verify p99 by target", "5 min"),
+    Benchmark("batch_compare", "quality", "the service's learners beside Euclidean, LDA, ITML, "
+              "LMNN and NCA on five real data sets (AUC, EER, 5-NN, CPU)", "30 min"),
     Benchmark("certificates_eval", "quality", "certificate coverage: certified bound vs error "
               "on unseen data", "4 min"),
 ]  # fmt: skip

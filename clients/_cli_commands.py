@@ -82,6 +82,9 @@ def cmd_models(args: argparse.Namespace, client: OPMLClient) -> int:
                 "auto_warmup",
                 "rehearsal",
                 "rehearsal_memory",
+                "precondition",
+                "refresh",
+                "shrinkage",
                 *GRADIENT,
             )
         }

@@ -113,9 +113,10 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
     create.add_argument("--dim", type=int, required=True, help="dimension d of the vectors")
     create.add_argument(
         "--algorithm",
-        choices=["copml", "opml", "sgd", "sgd_psd", "brm"],
+        choices=["copml", "opml", "sgd", "sgd_psd", "brm", "lda"],
         help="copml (pairwise cold start), opml, sgd (triplet-loss SGD on L), sgd_psd (SGD on "
-        "M with PSD projection, O(d^3) per step), brm (boundary-restricted metric)",
+        "M with PSD projection, O(d^3) per step), brm (boundary-restricted metric), lda "
+        "(Fisher's discriminant metric from within-class statistics kept online)",
     )
     create.add_argument(
         "--step",
@@ -137,7 +138,7 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
     create.add_argument(
         "--auto-warmup",
         type=int,
-        help="opml/copml, --gamma auto: triplets raced before the winner is kept",
+        help="opml/copml, --gamma auto: twice the race's scoring block, in triplets",
     )
     create.add_argument(
         "--rehearsal",
@@ -160,6 +161,21 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
     )
     create.add_argument(
         "--lam", type=float, help="sgd/sgd_psd/brm: decay lambda >= 0 with 2 eta lam < 1"
+    )
+    create.add_argument(
+        "--precondition",
+        choices=["none", "whiten"],
+        help="opml/copml/sgd: whiten learns on within-class whitened inputs and serves L W",
+    )
+    create.add_argument(
+        "--refresh",
+        type=int,
+        help="lda, --precondition whiten: samples between refreshes (default 1000; O(d^3) each)",
+    )
+    create.add_argument(
+        "--shrinkage",
+        type=float,
+        help="lda, --precondition whiten: covariance shrinkage in [0, 1] (default 0)",
     )
     create.add_argument(
         "--holdout", type=float, help="fraction in [0, 0.5] of samples held out (never learned)"

@@ -319,7 +319,7 @@ class AsyncOPMLClient:
         name: str,
         dim: int,
         *,
-        algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm"] | None = None,
+        algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm", "lda"] | None = None,
         step: Literal["scaled", "paper", "constant", "descent", "invsqrt"] | None = None,
         gamma: float | Literal["auto"] | None = None,
         gamma_pair: float | None = None,
@@ -350,9 +350,12 @@ class AsyncOPMLClient:
         samples drawn from a reservoir of ``rehearsal_memory`` past ones (default 1000). ``eta``,
         ``kappa`` (descent rule only) and ``lam`` belong to ``sgd``, ``sgd_psd`` and ``brm``,
         ``mu`` to the first two; for ``brm``, ``margin`` is tau < 1 (the ranges are in
-        docs/guides/algorithms.md). A hyperparameter, or a ``step`` value, the algorithm does
-        not use is refused (:class:`~clients.errors.InvalidInput`, naming it). ``options``
-        passes members the service accepts beyond the contract (e.g. ``calibration_window``).
+        docs/guides/algorithms.md). ``algorithm="lda"`` serves Fisher's discriminant metric,
+        refreshed every ``refresh`` samples (an option, like ``shrinkage``);
+        ``precondition="whiten"`` (an option; opml, copml, sgd) learns on within-class whitened
+        inputs. A hyperparameter, or a ``step`` value, the algorithm does not use is refused
+        (:class:`~clients.errors.InvalidInput`, naming it). ``options`` passes members the
+        service accepts beyond the contract (e.g. ``calibration_window``).
         """
         hyper = dict(
             algorithm=algorithm,

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 from clients.types import Array, Model
 
 if TYPE_CHECKING:
-    from service.core import BRM, COPML, OPML, SGD, SGDPSD
+    from service.core import BRM, COPML, OPML, SGD, SGDPSD, OnlineLDA
 
-    Estimator = OPML | COPML | SGD | SGDPSD | BRM
+    Estimator = OPML | COPML | SGD | SGDPSD | BRM | OnlineLDA
 
 
 def estimator_for(model: Model, L: Array) -> Estimator:
@@ -33,26 +33,39 @@ def estimator_for(model: Model, L: Array) -> Estimator:
     # The core (numba, scipy: ~1 s to import) and scikit-learn load only when asked for, so
     # `import clients` and the `opml` command stay quick.
     try:
-        from service.core import BRM, COPML, OPML, SGD, SGDPSD, Learner, LearnerConfig
+        from service.core import BRM, COPML, OPML, SGD, SGDPSD, Learner, LearnerConfig, OnlineLDA
     except ModuleNotFoundError as exc:  # the SDK installs alone; the core comes with the server
         raise ModuleNotFoundError(
             f"to_sklearn needs the algorithm core, which comes with opml-service ({exc}); "
             "install the server's distribution next to the client"
         ) from exc
 
-    classes = {"opml": OPML, "copml": COPML, "sgd": SGD, "sgd_psd": SGDPSD, "brm": BRM}
+    classes = {
+        "opml": OPML,
+        "copml": COPML,
+        "sgd": SGD,
+        "sgd_psd": SGDPSD,
+        "brm": BRM,
+        "lda": OnlineLDA,
+    }
     if model.algorithm not in classes:
         raise ValueError(f"model: no estimator for algorithm {model.algorithm!r}")
     cls: type[Estimator] = classes[model.algorithm]
     names = [n for n in cls._get_param_names() if n != "random_state"]
     params: dict[str, Any] = {n: getattr(model, n, None) for n in names}
     if model.algorithm in ("opml", "copml"):
-        # gamma "auto": the step the service's race kept (while it still races, race again)
+        # gamma "auto": the step the service's race serves (a service whose race ended
+        # reports it as the winner; before the first sample, race again)
         race = model.race or {}
-        params["gamma"] = race.get("winner") or model.gamma
+        params["gamma"] = race.get("winner") or race.get("serving") or model.gamma
         params["auto_warmup"] = int(model.raw.get("auto_warmup") or 1000)
         params["rehearsal"] = int(model.raw.get("rehearsal") or 0)
         params["rehearsal_memory"] = int(model.raw.get("rehearsal_memory") or 1000)
+    if model.algorithm == "lda":
+        params["refresh"] = int(model.raw.get("refresh") or 1000)
+        params["shrinkage"] = float(model.raw.get("shrinkage") or 0.0)
+    # precondition "whiten": the estimator holds the served L W as its L (queries answer the
+    # same); a later partial_fit continues it without whitening.
     estimator = cls(**params, random_state=model.seed)
     config = LearnerConfig(
         dim=model.dim,

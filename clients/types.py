@@ -68,7 +68,7 @@ class Model:
     dim: int
     algorithm: str
     gamma: float | Literal["auto"] | None
-    gamma_pair: float
+    gamma_pair: float | None
     margin: float
     normalize: str
     seed: int
@@ -101,7 +101,7 @@ class Model:
             dim=int(doc["dim"]),
             algorithm=str(doc["algorithm"]),
             gamma="auto" if gamma == "auto" else _opt_float(gamma),
-            gamma_pair=float(doc["gamma_pair"]),
+            gamma_pair=_opt_float(doc.get("gamma_pair")),
             margin=float(doc["margin"]),
             normalize=str(doc["normalize"]),
             seed=int(doc["seed"]),

@@ -1,0 +1,1 @@
+"""Quality benchmarks: how well the learned metrics verify and classify."""

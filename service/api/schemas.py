@@ -103,7 +103,7 @@ class ModelCreate(_Body):
 
     name: ModelName
     dim: StrictInt = Field(ge=1, description="Vector length d (at most OPML_MAX_DIM).")
-    algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm"] = "copml"
+    algorithm: Literal["copml", "opml", "sgd", "sgd_psd", "brm", "lda"] = "copml"
     step: Literal["scaled", "paper", "constant", "descent", "invsqrt"] | None = Field(
         default=None,
         description="Step rule; its values depend on the algorithm (another one: 422 naming "
@@ -117,9 +117,10 @@ class ModelCreate(_Body):
     gamma: PositiveFloat | Literal["auto"] | None = Field(
         default=None,
         description='OPML/COPML triplet step size, or "auto" (step "scaled" only): the service '
-        "races 0.025, 0.05, 0.1 and 0.2 on the stream's first auto_warmup triplets and keeps "
-        "the best. Range: (0, 1] scaled, (0, 1e6] paper; default 0.05 scaled, 1e-3 paper. "
-        "Not used by the others.",
+        "keeps racing three step sizes a factor 2 apart around the served one (initially "
+        "0.025, 0.05, 0.1), scored on each block of auto_warmup / 2 triplets, and serves the "
+        "leader (3x the CPU of a fixed step). Range: (0, 1] scaled, (0, 1e6] paper; default "
+        "0.05 scaled, 1e-3 paper. Not used by the others.",
     )
     gamma_pair: PositiveFloat | None = Field(
         default=None,
@@ -137,9 +138,9 @@ class ModelCreate(_Body):
         default=None,
         ge=10,
         le=100_000,
-        description='opml/copml with gamma "auto": triplets raced before the winner is kept '
-        "(default 1000; k = 4 learners during the first half, 2 during the second). Not used "
-        "by the others.",
+        description='opml/copml with gamma "auto": twice the race\'s scoring block in '
+        "triplets (default 1000: blocks of 500; a running score forgets with a horizon of "
+        "about two blocks). Not used by the others.",
     )
     rehearsal: StrictInt | None = Field(
         default=None,
@@ -155,6 +156,28 @@ class ModelCreate(_Body):
         le=100_000,
         description="opml/copml: the rehearsal reservoir's size in samples (default 1000; "
         "rehearsal_memory x d float64 in memory and in every checkpoint). Not used by the others.",
+    )
+    precondition: Literal["none", "whiten"] | None = Field(
+        default=None,
+        description='opml/copml/sgd: "whiten" learns L on W x, W the within-class whitening '
+        'kept online, and serves L W (default "none"; not combined with rehearsal).',
+    )
+    refresh: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description='lda, and precondition "whiten": learned samples between two refreshes of '
+        "the metric (lda) or of W from the within-class statistics (default 1000; each is "
+        "O(d^3)). Not used by the others.",
+    )
+    shrinkage: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        allow_inf_nan=False,
+        description='lda, and precondition "whiten": shrinkage of the pooled within-class '
+        "covariance towards a multiple of the identity with its trace, in [0, 1] (default 0: "
+        "none); makes it definite when d is close to the number of samples.",
     )
     normalize: Literal["none", "l2"] = "none"
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
@@ -326,7 +349,9 @@ class Race(BaseModel):
     triplets: int = Field(description="Triplets raced so far.")
     rung: int
     rungs: int
-    winner: float | None = Field(description="The step size kept (null while racing).")
+    winner: float | None = Field(
+        description="The step size kept (null: the race goes on for as long as the model learns)."
+    )
     rounds: list[RaceRound]
     serving: float | None = Field(
         default=None, description="The step size of the metric served now (null: not started)."
@@ -348,7 +373,7 @@ class ModelOut(BaseModel):
         "invsqrt (null only from a process of a version without step rules).",
     )
     gamma: float | Literal["auto"] | None
-    gamma_pair: float
+    gamma_pair: float | None = Field(description="null for lda (no steps).")
     margin: float
     normalize: str
     seed: int
@@ -363,6 +388,16 @@ class ModelOut(BaseModel):
     )
     rehearsal_memory: int | None = Field(
         default=None, description="opml/copml: the rehearsal reservoir's size (null as rehearsal)."
+    )
+    precondition: Literal["none", "whiten"] = Field(
+        default="none",
+        description='opml/copml/sgd: "whiten" serves L W (W: within-class whitening).',
+    )
+    refresh: int | None = Field(
+        default=None, description='lda and precondition "whiten": samples between refreshes.'
+    )
+    shrinkage: float | None = Field(
+        default=None, description='lda and precondition "whiten": covariance shrinkage.'
     )
     holdout: float
     holdout_window: int

@@ -10,8 +10,8 @@ unless a module says otherwise; the gradient learners and BRM cite theirs
   :mod:`service.core.config`; its state format :mod:`service.core.state`).
 * :class:`MetricView` -- the read-only queries of one metric ``L``, what a snapshot holds
   (:mod:`service.core.view`).
-* :class:`OPML`, :class:`COPML`, :class:`SGD`, :class:`SGDPSD`, :class:`BRM` -- scikit-learn /
-  metric-learn style estimators.
+* :class:`OPML`, :class:`COPML`, :class:`SGD`, :class:`SGDPSD`, :class:`BRM`,
+  :class:`OnlineLDA` -- scikit-learn / metric-learn style estimators.
 * :class:`ThresholdCalibrator` -- online EER calibration of the verification threshold.
 * :class:`Certificate` / :class:`NotEnoughHeldOut` -- risk certificates of the served metric
   (``Learner.certificate``; :mod:`service.core.certificates`, :mod:`service.core.holdout`).
@@ -45,6 +45,7 @@ __all__ = [
     "LearnerConfig",
     "MetricView",
     "NotEnoughHeldOut",
+    "OnlineLDA",
     "Stability",
     "StepResult",
     "StepResults",
@@ -53,10 +54,10 @@ __all__ = [
     "warm_up",
 ]
 
-_ESTIMATORS = ("OPML", "COPML", "SGD", "SGDPSD", "BRM")
+_ESTIMATORS = ("OPML", "COPML", "SGD", "SGDPSD", "BRM", "OnlineLDA")
 
 if TYPE_CHECKING:
-    from service.core.estimators import BRM, COPML, OPML, SGD, SGDPSD
+    from service.core.estimators import BRM, COPML, OPML, SGD, SGDPSD, OnlineLDA
 
 
 def __getattr__(name: str) -> Any:

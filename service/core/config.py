@@ -18,13 +18,15 @@ from service.core._validation import check_int, check_nonnegative, check_positiv
 from service.core.gradient import STEP_RULES
 from service.core.holdout import check_holdout_config
 from service.core.operating_points import check_operating_point
+from service.core.race import CANDIDATES
 from service.core.rehearsal import DEFAULT_MEMORY
 
-Algorithm = Literal["opml", "copml", "sgd", "sgd_psd", "brm"]
+Algorithm = Literal["opml", "copml", "sgd", "sgd_psd", "brm", "lda"]
 StepRule = Literal["constant", "descent", "invsqrt"]
 #: ``step`` of any algorithm: the OPML/COPML unit rules or the gradient learners' schedules.
 Step = steps.Step | StepRule
 Normalize = Literal["none", "l2"]
+Precondition = Literal["none", "whiten"]
 
 #: Each algorithm's own hyperparameters and their defaults. A field missing from an
 #: algorithm's row is not used by it: it stays ``None`` and setting it is a ValueError
@@ -74,12 +76,20 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
         "margin": 1.0,
     },
     "brm": {"step": "descent", "eta": 0.3, "kappa": 0.5, "lam": 0.0, "margin": 0.1},
+    "lda": {"margin": 1.0},
 }
 GRADIENT_ALGORITHMS = ("sgd", "sgd_psd", "brm")
 #: The ``step`` values each algorithm accepts (the first OPML/COPML, the second the others').
 STEP_VALUES: dict[str, tuple[str, ...]] = {
     name: steps.STEPS if name in ("opml", "copml") else STEP_RULES for name in ALGORITHM_DEFAULTS
 }
+STEP_VALUES["lda"] = ()
+#: The within-class statistics' settings (:mod:`service.core.within`), used by ``lda`` and by
+#: ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): refresh every ``refresh`` learned
+#: samples (1 ... 1,000,000; each refresh is O(d^3)), shrinkage in [0, 1] (0 = none).
+WITHIN_DEFAULTS: dict[str, Any] = {"refresh": 1000, "shrinkage": 0.0}
+#: The algorithms ``precondition="whiten"`` applies to.
+WHITENED_ALGORITHMS = ("opml", "copml", "sgd")
 #: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).
 GRADIENT_GAMMA_PAIR = 1e-2
 
@@ -105,13 +115,14 @@ class LearnerConfig:
     literal rule. ``None`` means the rule's default: scaled ``gamma = 0.05``,
     ``gamma_pair = 0.1``; paper ``gamma = 1e-3`` (the largest step that keeps all ten Table II
     data sets within the paper's bar, ``benchmarks/results/gamma_grid.md``) and
-    ``gamma_pair = 1e-2``. ``gamma="auto"`` (scaled only) races a grid of step sizes during the
-    first ``auto_warmup`` triplets and keeps the winner (:mod:`service.core.race`). For the
-    gradient learners ``step`` is their schedule (``"constant"``, ``"descent"``, ``"invsqrt"``)
-    and ``eta``, ``mu``, ``kappa``, ``lam`` their hyperparameters: :data:`ALGORITHM_DEFAULTS`
-    (``eta = gamma / 2 = 5e-4`` makes hinge ``sgd`` the first-order twin of OPML under the
-    paper's rule, ``eta = 2 gamma`` does it for ``sgd_psd``). A field left at its default takes
-    the algorithm's value; one the algorithm does not use stays ``None``.
+    ``gamma_pair = 1e-2``. ``gamma="auto"`` (scaled only) keeps racing three step sizes around
+    the served one, scored on blocks of ``auto_warmup / 2`` triplets
+    (:mod:`service.core.race`). For the gradient learners ``step`` is their schedule
+    (``"constant"``, ``"descent"``, ``"invsqrt"``) and ``eta``, ``mu``, ``kappa``, ``lam``
+    their hyperparameters: :data:`ALGORITHM_DEFAULTS` (``eta = gamma / 2 = 5e-4`` makes
+    hinge ``sgd`` the first-order twin of OPML under the paper's rule, ``eta = 2 gamma``
+    does it for ``sgd_psd``). A field left at its default takes the algorithm's value; one the
+    algorithm does not use stays ``None``.
     ``normalize="l2"`` scales every input (samples and query vectors alike) to unit norm.
     Every value has a documented range; outside it, ``ValueError`` naming the argument.
     ``holdout``, ``holdout_window``, ``pac_bayes_prefix`` and ``pac_bayes_window`` configure
@@ -119,6 +130,11 @@ class LearnerConfig:
     0 ... 16) makes every learned sample followed by that many steps on samples drawn from a
     reservoir of ``rehearsal_memory`` past ones (default 1,000, range 1 ... 100,000): more than one
     pass over the stream, at ``1 + rehearsal`` times the CPU (:mod:`service.core.rehearsal`).
+    ``algorithm="lda"`` serves Fisher's discriminant metric from within-class statistics kept
+    online, ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``; not with rehearsal) learns
+    on within-class whitened inputs and serves ``L W``; both refresh every ``refresh`` learned
+    samples (default 1,000; 1 ... 1,000,000) with ``shrinkage`` in [0, 1] (default 0)
+    (:mod:`service.core.within`).
 
     >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
     ('copml', 'scaled', 0.05)
@@ -164,6 +180,9 @@ class LearnerConfig:
     #: How plain verify / identify choose their threshold: ``"eer"`` (the calibrated one),
     #: ``{"far": x}`` or ``{"frr": x}`` (certified; :mod:`service.core.operating_points`).
     operating_point: str | dict[str, float] = "eer"
+    precondition: Precondition = "none"
+    refresh: int | None = None
+    shrinkage: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dim", check_int(self.dim, "dim", 1, MAX_DIM))
@@ -177,10 +196,13 @@ class LearnerConfig:
             allowed = ", ".join(repr(rule) for rule in STEP_VALUES[self.algorithm])
             where = f"for algorithm {self.algorithm!r}"
             raise ValueError(f"step: must be one of {allowed} {where}, got {self.step!r}")
-        if self.algorithm in GRADIENT_ALGORITHMS:
+        if self.algorithm == "lda":
+            self._resolve_lda(defaults)
+        elif self.algorithm in GRADIENT_ALGORITHMS:
             self._resolve(defaults)
         else:
             self._resolve_opml(defaults)
+        self._resolve_within()
         object.__setattr__(self, "seed", check_int(self.seed, "seed", 0, 2**128 - 1))
         window = check_int(self.calibration_window, "calibration_window", 1, 1_000_000)
         object.__setattr__(self, "calibration_window", window)
@@ -194,14 +216,17 @@ class LearnerConfig:
     @property
     def steps_per_sample(self) -> int:
         """Steps the learner takes per learned sample: ``1 + rehearsal`` (1 without rehearsal
-        and for the gradient learners), what the writer sizes its batches by.
+        and for the gradient learners), times the race's candidates under ``gamma="auto"``:
+        what the writer sizes its batches by.
 
         >>> LearnerConfig(dim=2).steps_per_sample
         1
         >>> LearnerConfig(dim=2, rehearsal=2).steps_per_sample
         3
+        >>> LearnerConfig(dim=2, gamma="auto").steps_per_sample
+        3
         """
-        return 1 + (self.rehearsal or 0)
+        return (1 + (self.rehearsal or 0)) * (CANDIDATES if self.gamma == steps.AUTO else 1)
 
     def _refuse(self, names: tuple[str, ...], where: str) -> None:
         for name in names:
@@ -224,6 +249,39 @@ class LearnerConfig:
         for name, (low, high) in REHEARSAL_RANGES.items():
             value = defaults[name] if getattr(self, name) is None else getattr(self, name)
             object.__setattr__(self, name, check_int(value, name, low, high))
+
+    @property
+    def within(self) -> bool:
+        """Whether the learner keeps within-class statistics (``lda`` or whitening)."""
+        return self.algorithm == "lda" or self.precondition == "whiten"
+
+    def _resolve_within(self) -> None:
+        """``precondition``, ``refresh`` and ``shrinkage`` (:mod:`service.core.within`)."""
+        if self.precondition not in ("none", "whiten"):
+            raise ValueError(f"precondition: must be 'none' or 'whiten', got {self.precondition!r}")
+        if self.precondition == "whiten":
+            if self.algorithm not in WHITENED_ALGORITHMS:
+                where = f"algorithm {self.algorithm!r}"
+                raise ValueError(f"precondition: 'whiten' is for opml, copml and sgd, not {where}")
+            if self.rehearsal:
+                raise ValueError("rehearsal: not used with precondition 'whiten'")
+        if not self.within:
+            self._refuse(("refresh", "shrinkage"), "precondition 'none'")
+            return
+        refresh = WITHIN_DEFAULTS["refresh"] if self.refresh is None else self.refresh
+        object.__setattr__(self, "refresh", check_int(refresh, "refresh", 1, 1_000_000))
+        shrink = WITHIN_DEFAULTS["shrinkage"] if self.shrinkage is None else self.shrinkage
+        shrink = check_nonnegative(shrink, "shrinkage")
+        if shrink > 1.0:
+            raise ValueError(f"shrinkage: must be in [0, 1], got {shrink!r}")
+        object.__setattr__(self, "shrinkage", shrink)
+
+    def _resolve_lda(self, defaults: dict[str, Any]) -> None:
+        """``lda``: no step machinery; ``margin`` is only the verification fallback."""
+        names = ("gamma", "gamma_pair", "step", "auto_warmup", "eta", "mu", "kappa", "lam")
+        self._refuse((*names, "rehearsal", "rehearsal_memory"), "algorithm 'lda'")
+        margin = defaults["margin"] if self.margin is BY_ALGORITHM else self.margin
+        object.__setattr__(self, "margin", check_positive(margin, "margin"))
 
     def _resolve(self, defaults: dict[str, Any]) -> None:
         """The gradient learners: fill the algorithm's defaults, refuse fields it does not use,

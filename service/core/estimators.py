@@ -466,3 +466,35 @@ class BRM(_OnlineMetric):
         learner = self._fitted()
         arr = _check_pairs(pairs, learner.dim)
         return restricted_root(learner.restricted_squared_pairs(arr[:, 0], arr[:, 1]))
+
+
+class OnlineLDA(_OnlineMetric):
+    """Fisher's discriminant metric from within-class statistics kept online
+    (``algorithm="lda"``, :mod:`service.core.within`): the ``K - 1`` discriminant directions,
+    recomputed every ``refresh`` samples (and at 32, 64, 128, ... before that).
+
+    >>> import numpy as np
+    >>> from service.core import OnlineLDA
+    >>> rng = np.random.default_rng(0)
+    >>> y = rng.integers(0, 3, size=300)
+    >>> X = rng.normal(size=(300, 4)) + 3.0 * np.eye(3, 4)[y]
+    >>> m = OnlineLDA(refresh=300).fit(X, y)
+    >>> int(np.linalg.matrix_rank(m.components_))  # K - 1 directions
+    2
+    """
+
+    _algorithm = "lda"
+
+    def __init__(
+        self,
+        refresh: int = 1000,
+        shrinkage: float = 0.0,
+        margin: float = 1.0,
+        normalize: Normalize = "none",
+        random_state: Any = None,
+    ) -> None:
+        self.refresh = refresh
+        self.shrinkage = shrinkage
+        self.margin = margin
+        self.normalize = normalize
+        self.random_state = random_state

@@ -18,7 +18,29 @@ Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and g
 * ``sgd_psd``: projected SGD on ``M = L^T L``, the convex setting of the stability paper
   (Chen et al., AAAI 2023), O(d^3) per active step: :mod:`service.core.psd`;
 * ``brm``: online BRM-R, learning ``L`` under the boundary-restricted distance (the BRM paper),
-  O(d^2): :mod:`service.core.brm`. Its verification calibrator works on ``D_R^2``.
+  O(d^2): :mod:`service.core.brm`. Its verification calibrator works on ``D_R^2``;
+* ``lda``: Fisher's discriminant directions from within-class statistics kept online in
+  O(d^2) per sample and turned into ``L`` every ``refresh`` samples (O(d^3) then):
+  :mod:`service.core.within`. Its triplets are only measured (outcome ``passive``: ``L`` does
+  not move between refreshes), which feeds the verification calibrator; the calibrator's
+  window spans refreshes, so right after one it mixes distances of two metrics.
+
+``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): the learner keeps the same statistics
+and learns its ``L`` by its own rule on ``W x``, ``W`` the within-class whitening of
+:mod:`service.core.within` (identity until the first refresh that finds the pooled covariance
+definite). The served ``L`` (:attr:`Learner.L`, every query, snapshot and certificate) is the
+effective ``L W``. Until the first refresh that finds the pooled covariance definite there is
+no ``W`` (it needs a definite covariance from at least ten samples per dimension,
+:data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the statistics and the
+buffer, and are measured as ``lda``'s
+are (``L = I`` is served, or a metric set by :meth:`Learner.set_metric`); at that refresh
+``W`` arrives and the served metric becomes ``L W`` (the whitened Euclidean distance by
+default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there.
+Every later refresh ``W -> W'`` sets ``L <- L W W'^{-1}`` and turns the buffer rows ``W h``
+into ``W' h``, so the served metric does not jump: the refresh changes the coordinates the
+next steps are taken in, not the metric (the running scale then adapts over its horizon).
+Batches are cut at the refresh points, so any batching and any resume point give the same
+``L``. Rehearsal is not combined with it.
 
 ``step`` is one field whose values depend on the algorithm: ``"scaled"`` (default) or
 ``"paper"`` for ``opml`` / ``copml``, ``"constant"``, ``"descent"`` (default) or ``"invsqrt"`` for
@@ -46,7 +68,7 @@ from typing import Any, cast
 import numpy as np
 from numba import njit
 
-from service.core import state, steps
+from service.core import health, state, steps
 from service.core._threads import blas
 from service.core._validation import (
     Array,
@@ -68,10 +90,12 @@ from service.core.stability import Stability, StabilityTracker
 from service.core.tracks import Tracks
 from service.core.update import (
     BOUND,
+    NEW_CLASS,
     OUTCOMES,
     PASSIVE,
     SGD_UPDATE,
     SHRUNK_UPDATE,
+    SINGLE_CLASS,
     STEP_SCALE,
     TRIPLET_UPDATE,
     StepResult,
@@ -79,6 +103,14 @@ from service.core.update import (
     nan_filled,
 )
 from service.core.view import MetricView
+from service.core.within import (
+    WithinClass,
+    apply,
+    fisher,
+    measure,
+    next_refresh,
+    whitening,
+)
 
 #: Outcomes of steps that measured both distances of a triplet (they feed the calibrator).
 _MEASURED = np.zeros(len(OUTCOMES), dtype=bool)
@@ -117,8 +149,10 @@ def _tracker(config: LearnerConfig) -> StabilityTracker:
     """The step-mass accounting of ``config``'s algorithm (nominal steps, see its module).
 
     OPML / COPML: ``gamma`` and ``gamma_pair`` in their step rule's units (the learner sets
-    the triplet step to the served track's ``gamma`` before each batch: the race's winner
-    after a ``gamma="auto"`` race)."""
+    the triplet step to the served track's ``gamma`` before each batch: the race's leader
+    under ``gamma="auto"``)."""
+    if config.algorithm == "lda":  # no steps: nothing is observed
+        return StabilityTracker(0.0, 0.0, CONSTANT, mu=None, lam=0.0)
     if config.algorithm in GRADIENT_ALGORITHMS:
         assert config.eta is not None and config.step is not None  # set by LearnerConfig
         return StabilityTracker(
@@ -179,8 +213,11 @@ class Learner:
         # Running scale [S, n] of step="scaled" (service.core.update), kept in every OPML mode.
         self._stream: Array = np.zeros(2)
         self._gradient = config.algorithm in GRADIENT_ALGORITHMS
+        self._lda = config.algorithm == "lda"
         auto = config.gamma == steps.AUTO
-        if self._gradient:
+        if self._lda:
+            gamma = 0.0
+        elif self._gradient:
             # One track: L, its entry bound (state[0, BOUND]) and its calibrator; the track's
             # step size is informative only (the gradient kernels read the config).
             gamma = cast(float, config.eta)
@@ -193,6 +230,11 @@ class Learner:
         self._reservoir = (
             Reservoir(d, cast(int, config.rehearsal_memory)) if config.rehearsal else None
         )
+        #: Within-class statistics (``lda``, ``precondition="whiten"``) and the whitening ``W``.
+        self._within = WithinClass(d) if config.within else None
+        #: ``W``: None until the first refresh that finds the covariance definite (and
+        #: without ``precondition="whiten"``).
+        self._W: Array | None = None
         #: Held-out routing, the certification reservoir, the PAC-Bayes prior and window.
         self.holdout = Holdout(config, functools.partial(normalize_rows, how=config.normalize))
 
@@ -206,11 +248,13 @@ class Learner:
         return view
 
     def _metric(self) -> Array:
-        """The served ``L``: the served track's, or ``scale`` times it (once per change)."""
-        if self._scale == 1.0:
+        """The served ``L``: the served track's, or ``scale`` times it, times ``W`` when
+        whitened (formed once per change of ``L``, an O(d^3) product with ``W``)."""
+        if self._scale == 1.0 and self._W is None:
             return self._tracks.L
         if self._served is None:
-            self._served = self._scale * self._tracks.L
+            L = self._tracks.L if self._scale == 1.0 else self._scale * self._tracks.L
+            self._served = L if self._W is None else L @ self._W
         return self._served
 
     def _changed(self) -> None:
@@ -231,12 +275,12 @@ class Learner:
         step sizes) and ``updates``. See :mod:`service.core.health` for the policy. ``None``
         for the gradient learners: their kernels do not track ``||L||_F`` (the ``descent``
         cap bounds their steps instead)."""
-        return None if self._gradient else self._tracks.health()
+        return None if self._gradient or self._lda else self._tracks.health()
 
     @property
     def race(self) -> dict[str, Any] | None:
-        """``gamma="auto"``: the race's ``state`` (``"racing"`` / ``"done"``), ``grid``,
-        ``warmup``, progress, ``serving`` / ``winner`` step size, each rung's scores
+        """``gamma="auto"``: the race's ``state`` (``"racing"``: it never ends), ``grid``,
+        ``warmup``, progress, the ``serving`` step size, the last blocks' scores
         (``rounds``) and the live candidates with their health; None otherwise."""
         if self._race is None:
             return None
@@ -250,8 +294,8 @@ class Learner:
         ``scale``, the running mean squared difference ``S`` (None before the first
         difference; the scaled figures are None then too). ``margin`` is what the hinge
         (Eq. 4) and a fallback verification threshold are in squared-distance units. ``None``
-        for the gradient learners (their config is in input units already)."""
-        if self._gradient:
+        for the gradient learners (their config is in input units already) and ``lda``."""
+        if self._gradient or self._lda:
             return None
         cfg, tracks = self.config, self._tracks
         scale = float(self._stream[0]) if self._stream[1] > 0 else None
@@ -352,6 +396,58 @@ class Learner:
         return results
 
     def _learn(self, X: Array, keys: list[str]) -> StepResults:
+        """Learn validated rows, cut where a refresh of the within-class statistics falls
+        (at fixed learned-sample counts, :func:`~service.core.within.next_refresh`, so
+        batching does not move it)."""
+        stats = self._within
+        if stats is None:
+            return self._learn_part(X, keys)
+        refresh = cast(int, self.config.refresh)
+        parts: list[StepResults] = []
+        start, n = 0, len(keys)
+        while start < n:
+            point = next_refresh(self._trained(), refresh)
+            end = min(n, start + point - self._trained())
+            parts.append(self._learn_part(X[start:end], keys[start:end]))
+            if self._trained() == point:
+                self._refresh()
+            start = end
+        if len(parts) == 1:
+            return parts[0]
+        codes = np.concatenate([part.codes for part in parts])
+        return StepResults(codes, np.concatenate([part.values for part in parts]))
+
+    def _refresh(self) -> None:
+        """``lda``: ``L`` from the statistics; whitened: the new ``W`` with ``L`` and the
+        buffer carried over (module docstring). Kept as is while the statistics are singular."""
+        cfg, stats, tracks = self.config, cast(WithinClass, self._within), self._tracks
+        shrinkage = cast(float, cfg.shrinkage)
+        if self._lda:
+            L = fisher(stats, shrinkage)
+            if L is not None and np.isfinite(L).all():
+                tracks.set_metric(L)
+        else:
+            W = whitening(stats, shrinkage)
+            if W is None or not np.isfinite(W).all():
+                return
+            if self._W is None:  # the first W: L (I unless set) now acts on W x
+                self._W = W
+                self._changed()
+                return
+            carry = np.linalg.solve(W, self._W).T  # W_old W_new^{-1} (both symmetric)
+            moved = tracks.Ls @ carry
+            c = len(self._classes)
+            buffer = self._buffer[:c] @ np.linalg.solve(self._W, W)  # rows W_old h -> W_new h
+            if not (np.isfinite(moved).all() and np.isfinite(buffer).all()):
+                return
+            tracks.Ls[:] = moved
+            for j in range(len(tracks)):
+                tracks.state[j] = health.restart(tracks.state[j], tracks.Ls[j])
+            self._buffer[:c] = buffer
+            self._W = W
+        self._changed()
+
+    def _learn_part(self, X: Array, keys: list[str]) -> StepResults:
         """Learn validated rows: classes first (buffer rows), then the compiled loop."""
         n = len(keys)
         self._changed()  # L changes below
@@ -374,6 +470,10 @@ class Learner:
             known.fill(len(classes))
         self._reserve(len(classes))
         self._stability.reserve(len(classes))
+        if self._within is not None:
+            self._within.observe(rows, slots)
+            if self._W is not None:  # learn on W x (W symmetric: the rows are x^T W)
+                rows = apply(rows, self._W)
         # Every sample draws one uniform, used when it forms a triplet (Sec. III-A), so the
         # stream of draws does not depend on how samples are batched (with rehearsal, a fixed
         # number more: service.core.rehearsal).
@@ -405,7 +505,9 @@ class Learner:
         # on an idle machine and several times faster on a busy one. (sgd_psd's
         # eigendecompositions always run on one: the same rounding in learn_one.)
         with blas().limit(limits=1, user_api="blas") if pinned else contextlib.nullcontext():
-            if self._gradient:
+            if self._lda or (self._within is not None and self._W is None):
+                codes, values = self._run_measured(rows, slots, known, negatives)
+            elif self._gradient:
                 codes, values = self._run_gradient(rows, slots, known, negatives, fro2)
             elif race is None or not racing:
                 all_codes, all_values = self._run_tracks(
@@ -505,6 +607,34 @@ class Learner:
             start = end
         return codes, values
 
+    def _run_measured(
+        self, rows: Array, slots: Any, known: Any, negatives: Any
+    ) -> tuple[Any, Array]:
+        """``lda``, and a whitened learner before its first ``W``: the triplets measured by
+        the current ``L`` (prequential), the buffer updated; the calibrator takes the
+        measurements."""
+        n = len(rows)
+        codes = np.empty(n, dtype=np.int64)
+        values = nan_filled((n, 4))
+        L = self._tracks.L
+        measure(
+            L,
+            self._buffer,
+            rows,
+            slots,
+            known,
+            negatives,
+            codes,
+            values,
+            SINGLE_CLASS,
+            NEW_CLASS,
+            PASSIVE,
+        )
+        measured = codes == PASSIVE
+        self.calibrator.observe_many(values[measured, 1], values[measured, 2])
+        self._tracks.counts[0] += np.bincount(codes, minlength=len(OUTCOMES))
+        return codes, values
+
     def _run_gradient(
         self, rows: Array, slots: Any, known: Any, negatives: Any, fro2: Array
     ) -> tuple[Any, Array]:
@@ -568,7 +698,10 @@ class Learner:
 
     def set_metric(self, L: Any) -> None:
         """Replace ``L`` (warm start from a matrix learned elsewhere); the rest is kept."""
-        self._tracks.set_metric(check_metric(L, self.dim, "L"))
+        L = check_metric(L, self.dim, "L")
+        if self._W is not None:  # the served metric is L W: keep L W^{-1} (W symmetric)
+            L = np.linalg.solve(self._W, L.T).T
+        self._tracks.set_metric(L)
         self._scale = 1.0
         self._changed()
 
@@ -661,7 +794,7 @@ def warm_up() -> None:
     calibrator.calibration()
     _negatives(np.zeros(1), np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
     algorithm: Algorithm
-    for algorithm in ("opml", "copml", *GRADIENT_ALGORITHMS):  # type: ignore[assignment]
+    for algorithm in ("opml", "copml", *GRADIENT_ALGORITHMS, "lda"):  # type: ignore[assignment]
         learner = Learner(LearnerConfig(dim=2, algorithm=algorithm))
         learner.learn_many(np.eye(2)[[0, 0, 1, 1]], ["a", "a", "b", "b"])
         learner.learn_one([0.0, 1.0], "b")

@@ -12,9 +12,12 @@ Arrays: ``L`` (the served track's; for ``sgd`` / ``brm`` the stored factor: the 
 ``buffer`` (H, one row per class) and ``calibration`` (its threshold window); while a
 ``gamma="auto"`` race runs, also ``tracks_L`` and ``tracks_calibration`` (every candidate's)
 and ``race_pairs`` (the current rung's measurements); with ``rehearsal > 0``,
-``rehearsal_rows`` and ``rehearsal_slots`` (the reservoir); with held-out routing or PAC-Bayes
-certificates, their windows and prior (:mod:`service.core.holdout`). A store must keep every
-array it is given.
+``rehearsal_rows`` and ``rehearsal_slots`` (the reservoir); with ``lda`` or
+``precondition="whiten"``, ``within_counts``, ``within_means`` and ``within_scatter``
+(:mod:`service.core.within`), and with the latter once it has one ``whitening`` (``W``;
+``L`` is then the factor learned on ``W x``); with held-out routing or PAC-Bayes
+certificates, their windows and prior (:mod:`service.core.holdout`). A store must keep
+every array it is given.
 
 Metadata: ``format``, ``config`` (the :class:`~service.core.config.LearnerConfig` fields),
 ``classes`` (in order of first appearance), ``rng`` (the PCG64 state, its 128-bit integers as
@@ -40,6 +43,7 @@ from service.core.rehearsal import Reservoir
 from service.core.stability import StabilityTracker
 from service.core.tracks import Tracks
 from service.core.update import OUTCOMES
+from service.core.within import WithinClass
 
 #: The layout of :func:`dump` (2: step rules, scale estimate, divergence monitor, race and
 #: tracks are part of it).
@@ -77,6 +81,8 @@ class Resumable(Protocol):
     _tracks: Tracks
     _race: Race | None
     _reservoir: Reservoir | None
+    _within: WithinClass | None
+    _W: Array | None
 
     @property
     def _stats(self) -> _Counters: ...
@@ -127,6 +133,10 @@ def dump(learner: Resumable) -> tuple[dict[str, Array], dict[str, Any]]:
     if learner._reservoir is not None:
         rehearsal_arrays, meta["rehearsal"] = learner._reservoir.to_state()
         arrays.update(rehearsal_arrays)
+    if learner._within is not None:
+        arrays.update(learner._within.to_state(n_classes))
+    if learner._W is not None:
+        arrays["whitening"] = learner._W.copy()
     return arrays, meta
 
 
@@ -168,6 +178,15 @@ def _load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dic
         raise ValueError("state: rehearsal reservoir does not match rehearsal")
     if learner._reservoir is not None:
         learner._reservoir.restore(arrays, meta["rehearsal"], len(classes))
+    if learner._within is not None:
+        learner._within.restore(arrays, len(classes))
+    if "whitening" in arrays:  # absent: no W yet (or no precondition)
+        if learner.config.precondition != "whiten":
+            raise ValueError("state: whitening does not match precondition")
+        W = check_matrix(np.asarray(arrays["whitening"]), d, "whitening")
+        if W.shape != (d, d):
+            raise ValueError("state: whitening is not d x d")
+        learner._W = np.array(W, dtype=np.float64, order="C")
     rng = meta["rng"]
     learner._rng.bit_generator.state = {
         "bit_generator": rng["bit_generator"],

@@ -147,6 +147,16 @@ class Tracks:
         self.served = served
         self._indices = np.arange(k)
 
+    def copy(self, src: int, dst: int, gamma: float) -> None:
+        """Track ``dst`` becomes a copy of track ``src`` (``L``, monitor, calibrator, counts)
+        with step size ``gamma``."""
+        self.Ls[dst] = self.Ls[src]
+        self.state[dst] = self.state[src]
+        window, meta = self.calibrators[src].to_state()
+        self.calibrators[dst] = ThresholdCalibrator.from_state(window, meta)
+        self.counts[dst] = self.counts[src]
+        self.gammas[dst] = gamma
+
     def keep(self, indices: list[int], served: int = 0) -> None:
         """Drop every track but ``indices`` (in that order); ``served`` indexes the kept ones."""
         self.Ls = np.ascontiguousarray(self.Ls[indices])

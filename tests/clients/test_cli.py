@@ -408,3 +408,20 @@ def test_gradient_learner_create_and_restricted_distance(
     assert len(lines) == 4 and lines[3].startswith("(version ")
     refused = opml(service, "models", "create", f"{name}-x", "--dim", "3", "--kappa", "0.9")
     assert refused.returncode == 5 and "kappa" in refused.stderr
+
+
+def test_models_create_lda_and_whitened(service: ServiceProcess, name: str) -> None:
+    lda = ok_json(
+        service, "models", "create", f"{name}-l", "--dim", "3", "--algorithm", "lda",
+        "--refresh", "200", "--shrinkage", "0.1",
+    )  # fmt: skip
+    assert (lda["algorithm"], lda["refresh"], lda["shrinkage"]) == ("lda", 200, 0.1)
+    white = ok_json(
+        service, "models", "create", f"{name}-w", "--dim", "3", "--precondition", "whiten"
+    )
+    assert (white["precondition"], white["refresh"], white["shrinkage"]) == ("whiten", 1000, 0.0)
+    refused = opml(
+        service, "models", "create", f"{name}-x", "--dim", "3", "--algorithm", "brm",
+        "--precondition", "whiten",
+    )  # fmt: skip
+    assert refused.returncode == 5 and "precondition" in refused.stderr

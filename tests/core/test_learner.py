@@ -165,7 +165,7 @@ def test_learn_many_equals_the_learn_one_loop(
     if step != "own":
         own["gamma"] = "auto" if step == "auto" else 0.05
         own["step"] = "paper" if step == "paper" else "scaled"
-        own["auto_warmup"] = 60  # both rungs end inside the stream
+        own["auto_warmup"] = 60  # blocks of 30 triplets end inside the stream
     config = LearnerConfig(
         dim=d,
         algorithm=algorithm,  # type: ignore[arg-type]
@@ -180,7 +180,7 @@ def test_learn_many_equals_the_learn_one_loop(
     assert_same_state(one, many)
     assert np.array_equal(one.L, many.L)
     if step == "auto":
-        assert one.race is not None and one.race["state"] == "done"
+        assert one.race is not None and one.race["rung"] >= 2  # blocks scored
 
 
 def test_queries_follow_equations_1_and_2() -> None:

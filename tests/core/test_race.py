@@ -1,4 +1,4 @@
-"""gamma="auto": successive halving of a step-size grid on the stream, replay-exact."""
+"""gamma="auto": a continuing race of step sizes around the leader, replay-exact."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from service.core import Learner, LearnerConfig
-from service.core.race import DEFAULT_GAMMA, GRID, Race, auc
+from service.core.race import DEFAULT_GAMMA, GRID, HIGHEST, LOWEST, Race, auc
 from service.core.tracks import Tracks
 from service.core.update import TRIPS
 
@@ -35,8 +35,8 @@ def test_auc_is_the_mann_whitney_statistic() -> None:
     assert auc(pos[:0], neg) is None
 
 
-def test_race_halves_at_each_rung_and_commits_to_the_best() -> None:
-    X, y = stream(400)
+def test_the_race_goes_on_scores_with_forgetting_and_follows_the_leader() -> None:
+    X, y = stream(1200)
     learner = Learner(LearnerConfig(dim=8, gamma="auto", auto_warmup=200, seed=3))
     assert learner.race is not None and learner.race["state"] == "racing"
     assert "candidates" not in learner.race  # nothing copied before the first sample
@@ -44,37 +44,68 @@ def test_race_halves_at_each_rung_and_commits_to_the_best() -> None:
     learner.learn_many(X[:5], y[:5])
     race = learner.race
     assert [c["gamma"] for c in race["candidates"]] == list(GRID)
-    assert race["serving"] == DEFAULT_GAMMA  # the default step until the first rung ends
+    assert race["serving"] == DEFAULT_GAMMA  # the default step until the first block ends
 
     learner.learn_many(X[5:], y[5:])
     race = learner.race
-    assert race["state"] == "done" and race["triplets"] == 200
-    first, second = race["rounds"]
-    assert first["triplets"] == 100 and len(first["candidates"]) == 4
-    assert second["triplets"] == 200 and len(second["candidates"]) == 2
-    # each rung keeps the better half by its prequential AUC, and the best is served
-    ranked = sorted(first["candidates"], key=lambda c: -c["score"])
-    assert first["kept"] == [c["gamma"] for c in ranked[:2]]
-    assert [c["gamma"] for c in second["candidates"]] == first["kept"]
-    best = max(second["candidates"], key=lambda c: c["score"])
-    assert second["kept"] == [best["gamma"]] == [race["winner"]] == [race["serving"]]
-    assert len(race["candidates"]) == 1  # one copy of L left: the cost of a fixed step
-    # from here on the winner's step, in the scaled units (step_scale 1: never tripped)
+    assert race["state"] == "racing" and race["winner"] is None  # never committed
+    assert len(race["candidates"]) == 3  # three copies of L for as long as it learns
+    blocks = race["rounds"]
+    assert race["rung"] == triplet_count(learner) // 100 > 8  # one per 100 triplets ...
+    first = race["rung"] - 8 + 1  # ... the last 8 of them reported
+    assert [b["triplets"] for b in blocks] == [100 * k for k in range(first, race["rung"] + 1)]
+    # the running score: each block's AUC weighted 1/2, the older ones forgotten
+    internal = learner._race  # type: ignore[union-attr]
+    assert internal is not None
+    for j, gamma in enumerate(internal.gammas):
+        assert gamma in race["grid"]
+        assert internal.scores[j] is not None and 0.0 < internal.scores[j] <= 1.0
+    # the served track is the leader, and the candidates sit a factor 2 around it (or the
+    # leader is at the edge of the allowed range)
+    assert race["serving"] == internal.gammas[internal.leader] == blocks[-1]["kept"][0]
+    grid = sorted(race["grid"])
+    assert grid[1] == race["serving"] or race["serving"] in (LOWEST, HIGHEST)
+    assert grid[2] / grid[1] == grid[1] / grid[0] == 2.0
     scale = learner.effective["scale"]
-    assert learner.effective["gamma"] == pytest.approx(race["winner"] / scale)
+    assert learner.effective["gamma"] == pytest.approx(race["serving"] / scale)
 
 
-def test_the_rung_boundaries_count_triplets_not_samples() -> None:
+def test_the_leader_changes_only_beyond_the_hysteresis() -> None:
+    tracks = Tracks(np.eye(2), list(GRID), window=10)
+    race = Race(warmup=8)  # blocks of 5 triplets
+    race.started = True
+
+    def block(gaps: list[float]) -> None:
+        values = np.full((5, 3, 4), np.nan)
+        for j, gap in enumerate(gaps):
+            values[:, j, 1] = [1.0, 2.0, 3.0, 4.0, 5.0]
+            values[:, j, 2] = np.array([1.0, 2.0, 3.0, 4.0, 5.0]) + gap
+        race.record(tracks, np.ones(5, dtype=bool), values)
+
+    block([0.5, 0.5, 0.5])  # a tie: the default keeps the lead
+    assert race.leader == 1 and tracks.served == 1 and race.switches == 0
+    block([0.5, 0.5, 2.0])  # the larger step separates better: it leads ...
+    assert race.gammas[race.leader] == GRID[2] and race.switches == 1
+    # ... and, at the top of the candidates, the smallest is replaced by a copy of it with 2x
+    assert sorted(race.gammas) == [GRID[1], GRID[2], 2 * GRID[2]]
+    assert tracks.gammas.tolist() == race.gammas
+    lead = race.leader
+    copied = race.gammas.index(2 * GRID[2])
+    assert race.scores[copied] == race.scores[lead]
+    np.testing.assert_array_equal(tracks.Ls[copied], tracks.Ls[lead])
+
+
+def test_the_block_boundaries_count_triplets_not_samples() -> None:
     """COPML pair steps and new classes do not advance the race."""
     X, y = stream(300)
     X[:50], y[:50] = X[0] + 0.1, y[0]  # a cold start of pair steps first
     learner = Learner(LearnerConfig(dim=8, gamma="auto", auto_warmup=100, seed=1))
     for x, label in zip(X, y, strict=True):
         learner.learn_one(x, label)
-        if len(learner.race["candidates"]) == 2:
+        if learner.race["rounds"]:
             break
     assert learner.counts["pair_update"] >= 49
-    assert triplet_count(learner) == 50  # the first rung ended on its 50th triplet
+    assert triplet_count(learner) == 50  # the first block ended on its 50th triplet
     assert learner.race["rounds"][0]["triplets"] == 50
 
 
@@ -116,21 +147,20 @@ def test_resuming_anywhere_in_the_race_is_bit_identical(cut: int) -> None:
     assert resumed.calibrator.calibration() == whole.calibrator.calibration()
 
 
-def test_a_tripped_candidate_ranks_last() -> None:
+def test_a_tripped_leader_gives_way() -> None:
     tracks = Tracks(np.eye(2), list(GRID), window=10)
     race = Race(warmup=8)
     race.started = True
-    # four triplets per candidate: candidate 3 separates best, candidate 0 worst
-    values = np.full((4, 4, 4), np.nan)
-    for j, gap in enumerate([0.0, 1.0, 2.0, 3.0]):
-        values[:, j, 1] = [1.0, 2.0, 3.0, 4.0]
-        values[:, j, 2] = np.array([1.5, 2.5, 3.5, 4.5]) + gap
-    tracks.state[3, TRIPS] = 1.0  # ... but its monitor tripped
-    race.record(tracks, np.ones(4, dtype=bool), values)
+    # five triplets per candidate: the leader (the default, 1) separates best ...
+    values = np.full((5, 3, 4), np.nan)
+    for j, gap in enumerate([0.0, 3.0, 1.0]):
+        values[:, j, 1] = [1.0, 2.0, 3.0, 4.0, 5.0]
+        values[:, j, 2] = np.array([1.5, 2.5, 3.5, 4.5, 5.5]) + gap
+    tracks.state[1, TRIPS] = 1.0  # ... but its monitor tripped
+    race.record(tracks, np.ones(5, dtype=bool), values)
     first = race.history[0]
-    assert [c["tripped"] for c in first["candidates"]] == [False, False, False, True]
-    assert first["kept"] == [GRID[2], GRID[1]]
-    assert tracks.gammas.tolist() == [GRID[2], GRID[1]]
+    assert [c["tripped"] for c in first["candidates"]] == [False, True, False]
+    assert first["kept"] == [GRID[2]] and race.gammas[race.leader] == GRID[2]
 
 
 def test_a_put_metric_before_or_during_the_race_is_raced_from() -> None:
@@ -151,3 +181,29 @@ def test_a_put_metric_before_or_during_the_race_is_raced_from() -> None:
 def test_auto_is_refused_with_the_papers_units() -> None:
     with pytest.raises(ValueError, match="gamma: 'auto' needs step='scaled'"):
         LearnerConfig(dim=3, gamma="auto", step="paper")
+
+
+def test_a_checkpoint_of_the_warm_up_race_restarts_the_race_from_the_served_metric() -> None:
+    """The state of the earlier warm-up race (successive halving; done: one track left)."""
+    X, y = stream(300, seed=4)
+    learner = Learner(LearnerConfig(dim=8, gamma="auto", auto_warmup=100, seed=1))
+    learner.learn_many(X[:200], y[:200])
+    arrays, meta = learner.to_state()
+    served = learner.L.copy()
+    arrays = {"L": served, "buffer": arrays["buffer"], "calibration": arrays["calibration"]}
+    tracks = meta["tracks"]
+    j = tracks["served"]
+    old_tracks = {
+        **{k: v for k, v in tracks.items() if k != "calibrations"},
+        "gammas": [tracks["gammas"][j]],
+        "state": [tracks["state"][j]],
+        "counts": [tracks["counts"][j]],
+        "served": 0,
+    }
+    old_race = {"grid": [0.025, 0.05, 0.1, 0.2], "warmup": 100, "started": True, "rung": 2,
+                "triplets": 100, "alive": [1], "history": []}  # fmt: skip
+    resumed = Learner.from_state(arrays, {**meta, "tracks": old_tracks, "race": old_race})
+    np.testing.assert_array_equal(resumed.L, served)
+    assert resumed.race is not None and resumed.race["triplets"] == 0
+    resumed.learn_many(X[200:], y[200:])  # the race starts again from the served L
+    assert len(resumed.race["candidates"]) == 3 and resumed.race["rung"] >= 1
