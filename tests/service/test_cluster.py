@@ -75,6 +75,34 @@ def failover_placement(cluster: LocalCluster, prefix: str) -> tuple[Node, Node, 
     return index_master, url_node, name, master, cluster.replica_of(master)
 
 
+def logged_once(
+    rc: SyncCluster,
+    name: str,
+    X: np.ndarray,
+    y: list[str],
+    acked: dict[int, int],
+    gapless: bool = False,
+) -> tuple[list[np.ndarray], list[str]]:
+    """The model's log as rows and labels, asserting every acknowledged sample (index -> seq)
+    is there at its seq, none twice, and with ``gapless`` that the seqs have no gap."""
+    log: list[tuple[bytes, dict[bytes, bytes]]] = rc.xrange(ModelKeys(name).log)  # type: ignore[assignment]
+    rows: list[np.ndarray] = []
+    labels: list[str] = []
+    for entry_id, fields in log:
+        block, keys = decode_entry(fields, 3)
+        if gapless:
+            assert parse_id(entry_id)[0] == len(labels) + len(keys)
+        rows.extend(block)
+        labels.extend(keys)
+    for i, seq in acked.items():
+        np.testing.assert_array_equal(rows[seq - 1], X[i])
+        assert labels[seq - 1] == y[i]
+    index = {X[i].tobytes(): i for i in range(len(y))}
+    logged = [index[row.tobytes()] for row in rows]
+    assert len(set(logged)) == len(logged)
+    return rows, labels
+
+
 #: Replicas awaited, and the whole log kept to compare with.
 FAILOVER_ENV = {
     "OPML_REDIS_WAIT_REPLICAS": "1",
@@ -327,20 +355,7 @@ def test_acknowledged_samples_survive_a_failover(
         for refusal in refusals:
             assert_problem(refusal, 503)
             assert int(refusal.headers["Retry-After"]) >= 1
-        log: list[tuple[bytes, dict[bytes, bytes]]] = rc.xrange(ModelKeys(name).log)  # type: ignore[assignment]
-        rows: list[np.ndarray] = []
-        labels: list[str] = []
-        for entry_id, fields in log:
-            block, keys = decode_entry(fields, 3)
-            assert parse_id(entry_id)[0] == len(labels) + len(keys)  # seqs without a gap
-            rows.extend(block)
-            labels.extend(keys)
-        for i, seq in acked.items():  # every acknowledged sample, at its seq
-            np.testing.assert_array_equal(rows[seq - 1], X[i])
-            assert labels[seq - 1] == y[i]
-        index = {X[i].tobytes(): i for i in range(len(y))}
-        logged = [index[row.tobytes()] for row in rows]
-        assert len(set(logged)) == len(logged)  # none twice
+        rows, labels = logged_once(rc, name, X, y, acked, gapless=True)
         with svc.client() as api:
             got = api.get(f"/v1/models/{name}/metric", params={"min_version": len(rows)}).json()
         ref = core_learner(np.array(rows), labels, dim=3, gamma=0.05)
@@ -488,19 +503,7 @@ def test_killing_the_models_master_never_answers_500(
                 assert int(answer.headers["Retry-After"]) >= 1
             else:
                 assert answer.status_code in (200, 202), answer.text
-        log: list[tuple[bytes, dict[bytes, bytes]]] = rc.xrange(ModelKeys(name).log)  # type: ignore[assignment]
-        rows: list[np.ndarray] = []
-        labels: list[str] = []
-        for _, fields in log:
-            block, keys = decode_entry(fields, 3)
-            rows.extend(block)
-            labels.extend(keys)
-        for i, seq in acked.items():  # every acknowledged sample, at its seq
-            np.testing.assert_array_equal(rows[seq - 1], X[i])
-            assert labels[seq - 1] == y[i]
-        index = {X[i].tobytes(): i for i in range(len(y))}
-        logged = [index[row.tobytes()] for row in rows]
-        assert len(set(logged)) == len(logged)  # none twice
+        logged_once(rc, name, X, y, acked)
     finally:
         for svc in services:
             svc.stop()
