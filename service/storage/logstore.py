@@ -84,19 +84,6 @@ class Tail:
     checkpoint_time: float | None
 
 
-@dataclass(frozen=True)
-class Enrolled:
-    """Outcome of an enrol: ``added`` of its items were new (the others replaced items with
-    the same key), the gallery then held ``size`` items, and it was the ``changes``-th change
-    of the gallery (0 for a replay, which changed nothing)."""
-
-    added: int
-    size: int
-    changes: int
-    replayed: bool = False
-    fingerprint: str = ""
-
-
 def _pairs(flat: list[bytes]) -> dict[bytes, bytes]:
     """A hash or stream entry as a script returns it (field, value, field, value, ...).
 

@@ -108,6 +108,23 @@ class RedisServer:
         self.proc = None
 
 
+def chromium_flags(profile: Path) -> list[str]:
+    """Headless Chromium's flags for the browser tests: a fresh profile in ``profile``, no
+    background traffic, and every host but 127.0.0.1 unresolvable, as on a closed network."""
+    return [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+    ]
+
+
 def rss_bytes(pid: int) -> int:
     """Resident set size of a process (``VmRSS`` of ``/proc/<pid>/status``)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

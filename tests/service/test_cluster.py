@@ -28,7 +28,7 @@ from service.storage.codec import decode_entry, parse_id
 from service.storage.embedded import free_port
 from service.storage.keys import MODEL_INDEX, ModelKeys
 from service.storage.store import Appended, Group, NotReplicated, Store, connect_cluster
-from tests.service.cluster import LocalCluster, wait_for
+from tests.service.cluster import LocalCluster, Node, wait_for
 from tests.service.support import ServiceProcess, assert_problem, core_learner, make_model, stream
 
 
@@ -62,6 +62,53 @@ def name_on(cluster: LocalCluster, avoid: set[str], prefix: str) -> str:
         for i in range(1000)
         if cluster.master_of(ModelKeys(f"{prefix}{i}").meta).name not in avoid
     )
+
+
+def failover_placement(cluster: LocalCluster, prefix: str) -> tuple[Node, Node, str, Node, Node]:
+    """For a failover test: the master holding the model index, the master the services are
+    pointed at, a model name whose slot is served by neither (so killing its master leaves
+    both up), that master and its replica."""
+    index_master = cluster.master_of(MODEL_INDEX)
+    url_node = next(m for m in cluster.masters() if m.name != index_master.name)
+    name = name_on(cluster, {index_master.name, url_node.name}, prefix)
+    master = cluster.master_of(ModelKeys(name).meta)
+    return index_master, url_node, name, master, cluster.replica_of(master)
+
+
+def logged_once(
+    rc: SyncCluster,
+    name: str,
+    X: np.ndarray,
+    y: list[str],
+    acked: dict[int, int],
+    gapless: bool = False,
+) -> tuple[list[np.ndarray], list[str]]:
+    """The model's log as rows and labels, asserting every acknowledged sample (index -> seq)
+    is there at its seq, none twice, and with ``gapless`` that the seqs have no gap."""
+    log: list[tuple[bytes, dict[bytes, bytes]]] = rc.xrange(ModelKeys(name).log)  # type: ignore[assignment]
+    rows: list[np.ndarray] = []
+    labels: list[str] = []
+    for entry_id, fields in log:
+        block, keys = decode_entry(fields, 3)
+        if gapless:
+            assert parse_id(entry_id)[0] == len(labels) + len(keys)
+        rows.extend(block)
+        labels.extend(keys)
+    for i, seq in acked.items():
+        np.testing.assert_array_equal(rows[seq - 1], X[i])
+        assert labels[seq - 1] == y[i]
+    index = {X[i].tobytes(): i for i in range(len(y))}
+    logged = [index[row.tobytes()] for row in rows]
+    assert len(set(logged)) == len(logged)
+    return rows, labels
+
+
+#: Replicas awaited, and the whole log kept to compare with.
+FAILOVER_ENV = {
+    "OPML_REDIS_WAIT_REPLICAS": "1",
+    "OPML_CHECKPOINT_EVERY": "1000000",
+    "OPML_CHECKPOINT_INTERVAL_S": "3600",
+}
 
 
 def model_keys_everywhere(cluster: LocalCluster, name: str) -> list[bytes]:
@@ -260,18 +307,9 @@ def test_acknowledged_samples_survive_a_failover(
     Idempotency-Key) while the master of the model's slot is killed (-9); its replica takes
     over and the old master comes back as a replica. Every acknowledged sample is in the log,
     once, and the model equals the core learner on the log."""
-    index_master = fresh.master_of(MODEL_INDEX)
-    url_node = next(m for m in fresh.masters() if m.name != index_master.name)
-    name = name_on(fresh, {index_master.name, url_node.name}, "w")
-    master = fresh.master_of(ModelKeys(name).meta)
-    replica = fresh.replica_of(master)
+    _, url_node, name, master, replica = failover_placement(fresh, "w")
     X, y = stream(5000, 3, 3, seed=17)
-    env = {
-        "OPML_REDIS_WAIT_REPLICAS": "1",
-        "OPML_CHECKPOINT_EVERY": "1000000",  # keep the whole log to compare with
-        "OPML_CHECKPOINT_INTERVAL_S": "3600",
-    }
-    svc = ServiceProcess(tmp_path, url_node.url, **env).start()
+    svc = ServiceProcess(tmp_path, url_node.url, **FAILOVER_ENV).start()
     acked: dict[int, int] = {}  # sample index -> its seq
     refusals: list[httpx.Response] = []
     stop = threading.Event()
@@ -317,20 +355,7 @@ def test_acknowledged_samples_survive_a_failover(
         for refusal in refusals:
             assert_problem(refusal, 503)
             assert int(refusal.headers["Retry-After"]) >= 1
-        log: list[tuple[bytes, dict[bytes, bytes]]] = rc.xrange(ModelKeys(name).log)  # type: ignore[assignment]
-        rows: list[np.ndarray] = []
-        labels: list[str] = []
-        for entry_id, fields in log:
-            block, keys = decode_entry(fields, 3)
-            assert parse_id(entry_id)[0] == len(labels) + len(keys)  # seqs without a gap
-            rows.extend(block)
-            labels.extend(keys)
-        for i, seq in acked.items():  # every acknowledged sample, at its seq
-            np.testing.assert_array_equal(rows[seq - 1], X[i])
-            assert labels[seq - 1] == y[i]
-        index = {X[i].tobytes(): i for i in range(len(y))}
-        logged = [index[row.tobytes()] for row in rows]
-        assert len(set(logged)) == len(logged)  # none twice
+        rows, labels = logged_once(rc, name, X, y, acked, gapless=True)
         with svc.client() as api:
             got = api.get(f"/v1/models/{name}/metric", params={"min_version": len(rows)}).json()
         ref = core_learner(np.array(rows), labels, dim=3, gamma=0.05)
@@ -394,18 +419,9 @@ def test_killing_the_models_master_never_answers_500(
     of the model's slot is killed (-9) and its replica takes over: no answer is a 500 (a 503 with
     Retry-After is fine), ingestion and queries recover by themselves, and every acknowledged
     sample is in the log exactly once."""
-    index_master = fresh.master_of(MODEL_INDEX)
-    url_node = next(m for m in fresh.masters() if m.name != index_master.name)
-    name = name_on(fresh, {index_master.name, url_node.name}, "k")
-    master = fresh.master_of(ModelKeys(name).meta)
-    replica = fresh.replica_of(master)
+    index_master, url_node, name, master, replica = failover_placement(fresh, "k")
     X, y = stream(8000, 3, 3, seed=23)
-    env = {
-        "OPML_REDIS_WAIT_REPLICAS": "1",
-        "OPML_CHECKPOINT_EVERY": "1000000",  # keep the whole log to compare with
-        "OPML_CHECKPOINT_INTERVAL_S": "3600",
-        "OPML_LEASE_TTL_S": "3",
-    }
+    env = {**FAILOVER_ENV, "OPML_LEASE_TTL_S": "3"}
     services = [
         ServiceProcess(tmp_path / "a", url_node.url, **env).start(),
         ServiceProcess(tmp_path / "b", index_master.url, **env).start(),
@@ -487,19 +503,7 @@ def test_killing_the_models_master_never_answers_500(
                 assert int(answer.headers["Retry-After"]) >= 1
             else:
                 assert answer.status_code in (200, 202), answer.text
-        log: list[tuple[bytes, dict[bytes, bytes]]] = rc.xrange(ModelKeys(name).log)  # type: ignore[assignment]
-        rows: list[np.ndarray] = []
-        labels: list[str] = []
-        for _, fields in log:
-            block, keys = decode_entry(fields, 3)
-            rows.extend(block)
-            labels.extend(keys)
-        for i, seq in acked.items():  # every acknowledged sample, at its seq
-            np.testing.assert_array_equal(rows[seq - 1], X[i])
-            assert labels[seq - 1] == y[i]
-        index = {X[i].tobytes(): i for i in range(len(y))}
-        logged = [index[row.tobytes()] for row in rows]
-        assert len(set(logged)) == len(logged)  # none twice
+        logged_once(rc, name, X, y, acked)
     finally:
         for svc in services:
             svc.stop()

@@ -20,7 +20,15 @@ import numpy as np
 import pytest
 
 from service.security import entry_for
-from tests.service.support import ROOT, Launch, RedisServer, ServiceProcess, make_model, stream
+from tests.service.support import (
+    ROOT,
+    Launch,
+    RedisServer,
+    ServiceProcess,
+    chromium_flags,
+    make_model,
+    stream,
+)
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -50,19 +58,7 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[WebDriv
     monkeypatch.setenv("SE_OFFLINE", "true")  # selenium-manager must never download anything
     options = Options()
     options.binary_location = str(CHROMIUM)
-    for flag in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",  # a closed network
-        "--window-size=1280,2200",
-    ):
+    for flag in (*chromium_flags(tmp_path / "profile"), "--window-size=1280,2200"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"performance": "ALL", "browser": "ALL"})
     driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))

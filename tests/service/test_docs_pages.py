@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.service.support import ServiceProcess
+from tests.service.support import ServiceProcess, chromium_flags
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -28,16 +28,7 @@ def rendered(url: str, profile: Path) -> str:
     done = subprocess.run(
         [
             CHROMIUM,
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            f"--user-data-dir={profile}",
-            "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",  # a closed network
+            *chromium_flags(profile),
             "--virtual-time-budget=15000",  # let the page fetch /openapi.json and render it
             "--dump-dom",
             url,
