@@ -172,7 +172,7 @@ def run_one(
     return {"auc": auc, "eer": eer, "knn_error": error, "cpu_s": cpu, "fit_rows": len(y_fit)}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 sets, 1 seed, no slow baselines")
     parser.add_argument("--sets", nargs="*", default=None)
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--no-slow", action="store_true", help="skip NCA, ITML and LMNN")
     parser.add_argument("--methods", nargs="*", default=None, help="only these (labels)")
     parser.add_argument("--stem", default=None, help="results file name (default by mode)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     sets = args.sets or (QUICK_SETS if args.quick else SETS)
     seeds = range(args.seeds or (1 if args.quick else 3))
     ours = QUICK_OURS if args.quick else tuple(OURS)
