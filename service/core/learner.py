@@ -25,22 +25,9 @@ Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and g
   not move between refreshes), which feeds the verification calibrator; the calibrator's
   window spans refreshes, so right after one it mixes distances of two metrics.
 
-``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): the learner keeps the same statistics
-and learns its ``L`` by its own rule on ``W x``, ``W`` the within-class whitening of
-:mod:`service.core.within` (identity until the first refresh that finds the pooled covariance
-definite). The served ``L`` (:attr:`Learner.L`, every query, snapshot and certificate) is the
-effective ``L W``. Until the first refresh that finds the pooled covariance definite there is
-no ``W`` (it needs a definite covariance from at least ten samples per dimension,
-:data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the statistics and the
-buffer, and are measured as ``lda``'s
-are (``L = I`` is served, or a metric set by :meth:`Learner.set_metric`); at that refresh
-``W`` arrives and the served metric becomes ``L W`` (the whitened Euclidean distance by
-default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there.
-Every later refresh ``W -> W'`` sets ``L <- L W W'^{-1}`` and turns the buffer rows ``W h``
-into ``W' h``, so the served metric does not jump: the refresh changes the coordinates the
-next steps are taken in, not the metric (the running scale then adapts over its horizon).
-Batches are cut at the refresh points, so any batching and any resume point give the same
-``L``. Rehearsal is not combined with it.
+``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): the learner learns its ``L`` by its own
+rule on ``W x`` and serves ``L W`` (:attr:`Learner.L`, every query, snapshot and certificate);
+how ``W`` arrives and how a refresh carries ``L`` over: :mod:`service.core.within`.
 
 ``step`` is one field whose values depend on the algorithm: ``"scaled"`` (default) or
 ``"paper"`` for ``opml`` / ``copml``, ``"constant"``, ``"descent"`` (default) or ``"invsqrt"`` for
@@ -66,7 +53,6 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
-from numba import njit
 
 from service.core import health, state, steps
 from service.core._threads import blas
@@ -81,33 +67,32 @@ from service.core._validation import (
 from service.core.calibration import ThresholdCalibrator
 from service.core.certificates import Certificate, Method
 from service.core.config import GRADIENT_ALGORITHMS, Algorithm, LearnerConfig
-from service.core.gradient import CONSTANT, KINDS, STEP_RULES, learn_batch_gradient
+from service.core.draws import negative_slots, tracker_for
+from service.core.gradient import KINDS, STEP_RULES, learn_batch_gradient
 from service.core.holdout import HELD_OUT, Flags, Holdout, check_flags
 from service.core.normalize import normalize_rows
 from service.core.race import DEFAULT_GAMMA, Race
 from service.core.rehearsal import Reservoir
-from service.core.stability import Stability, StabilityTracker
+from service.core.stability import Stability
 from service.core.tracks import Tracks
 from service.core.update import (
     BOUND,
-    NEW_CLASS,
     OUTCOMES,
     PASSIVE,
     SGD_UPDATE,
     SHRUNK_UPDATE,
-    SINGLE_CLASS,
     STEP_SCALE,
     TRIPLET_UPDATE,
     StepResult,
     StepResults,
     nan_filled,
 )
-from service.core.view import MetricView
+from service.core.view import MetricQueries, MetricView
 from service.core.within import (
     WithinClass,
     apply,
     fisher,
-    measure,
+    measured_batch,
     next_refresh,
     whitening,
 )
@@ -127,47 +112,7 @@ class _Stats:
     outcomes: Any = field(default_factory=lambda: np.zeros(len(OUTCOMES), dtype=np.int64))
 
 
-@njit(cache=True, error_model="numpy")
-def _negatives(uniforms: Array, known: Any, slots: Any) -> Any:
-    """Per sample, the slot of its negative class, drawn by its uniform among the ``known``
-    classes other than its own (``slots``): ``floor(u (known - 1))``, that slot skipped. The
-    arithmetic of ``(u * max(known - 1, 0)).astype(int64)`` then ``+= (negative >= slot)``,
-    in one compiled pass that keeps the GIL (see :func:`~service.core._validation.all_finite`:
-    those were five NumPy calls)."""
-    n = uniforms.shape[0]
-    negatives = np.empty(n, dtype=np.int64)
-    for t in range(n):
-        others = max(known[t] - 1, 0)
-        negative = np.int64(uniforms[t] * others)
-        if negative >= slots[t]:
-            negative += 1
-        negatives[t] = negative
-    return negatives
-
-
-def _tracker(config: LearnerConfig) -> StabilityTracker:
-    """The step-mass accounting of ``config``'s algorithm (nominal steps, see its module).
-
-    OPML / COPML: ``gamma`` and ``gamma_pair`` in their step rule's units (the learner sets
-    the triplet step to the served track's ``gamma`` before each batch: the race's leader
-    under ``gamma="auto"``)."""
-    if config.algorithm == "lda":  # no steps: nothing is observed
-        return StabilityTracker(0.0, 0.0, CONSTANT, mu=None, lam=0.0)
-    if config.algorithm in GRADIENT_ALGORITHMS:
-        assert config.eta is not None and config.step is not None  # set by LearnerConfig
-        return StabilityTracker(
-            eta_triplet=config.eta,
-            eta_pair=0.5 * cast(float, config.gamma_pair),  # sgd's pair step s = 2 eta
-            rule=STEP_RULES.index(config.step),
-            mu=config.mu,
-            lam=config.lam or 0.0,
-            convex=config.algorithm == "sgd_psd",
-        )
-    gamma = DEFAULT_GAMMA if config.gamma == steps.AUTO else cast(float, config.gamma)
-    return StabilityTracker(gamma, cast(float, config.gamma_pair), CONSTANT, mu=None, lam=0.0)
-
-
-class Learner:
+class Learner(MetricQueries):
     """Online metric learning one sample at a time, with the queries of the live metric.
 
     >>> learner = Learner(LearnerConfig(dim=4, margin=4.0, seed=1))
@@ -209,7 +154,7 @@ class Learner:
         self._index: dict[str, int] = {}
         self._rng = np.random.default_rng(config.seed)
         self._stats = _Stats()
-        self._stability = _tracker(config)
+        self._stability = tracker_for(config)
         # Running scale [S, n] of step="scaled" (service.core.update), kept in every OPML mode.
         self._stream: Array = np.zeros(2)
         self._gradient = config.algorithm in GRADIENT_ALGORITHMS
@@ -489,7 +434,7 @@ class Learner:
             )
         # ... which picks the negative uniformly among the other seen classes (learn_batch
         # does the same arithmetic for OPML/COPML; the others take these rows).
-        negatives = _negatives(uniforms, known, slots)
+        negatives = negative_slots(uniforms, known, slots)
         fro2 = nan_filled((n,))  # ||A_t||_F^2 of the gradient learners' steps
         race = self._race
         if race is not None and not race.started:
@@ -506,7 +451,10 @@ class Learner:
         # eigendecompositions always run on one: the same rounding in learn_one.)
         with blas().limit(limits=1, user_api="blas") if pinned else contextlib.nullcontext():
             if self._lda or (self._within is not None and self._W is None):
-                codes, values = self._run_measured(rows, slots, known, negatives)
+                codes, values = measured_batch(
+                    self._tracks.L, self._buffer, rows, slots, known, negatives, self.calibrator
+                )
+                self._tracks.counts[0] += np.bincount(codes, minlength=len(OUTCOMES))
             elif self._gradient:
                 codes, values = self._run_gradient(rows, slots, known, negatives, fro2)
             elif race is None or not racing:
@@ -607,34 +555,6 @@ class Learner:
             start = end
         return codes, values
 
-    def _run_measured(
-        self, rows: Array, slots: Any, known: Any, negatives: Any
-    ) -> tuple[Any, Array]:
-        """``lda``, and a whitened learner before its first ``W``: the triplets measured by
-        the current ``L`` (prequential), the buffer updated; the calibrator takes the
-        measurements."""
-        n = len(rows)
-        codes = np.empty(n, dtype=np.int64)
-        values = nan_filled((n, 4))
-        L = self._tracks.L
-        measure(
-            L,
-            self._buffer,
-            rows,
-            slots,
-            known,
-            negatives,
-            codes,
-            values,
-            SINGLE_CLASS,
-            NEW_CLASS,
-            PASSIVE,
-        )
-        measured = codes == PASSIVE
-        self.calibrator.observe_many(values[measured, 1], values[measured, 2])
-        self._tracks.counts[0] += np.bincount(codes, minlength=len(OUTCOMES))
-        return codes, values
-
     def _run_gradient(
         self, rows: Array, slots: Any, known: Any, negatives: Any, fro2: Array
     ) -> tuple[Any, Array]:
@@ -728,40 +648,6 @@ class Learner:
             view = self._view = MetricView(self._metric(), self.config, check=False)
         return view
 
-    def squared_distance(self, a: Any, b: Any) -> float:
-        """``||L(a - b)||^2`` (Eq. 2)."""
-        return self._metric_view().squared_distance(a, b)
-
-    def distance(self, a: Any, b: Any) -> float:
-        """``sqrt((a - b)^T M (a - b))`` with ``M = L^T L`` (Eq. 1)."""
-        return self._metric_view().distance(a, b)
-
-    def squared_distances(self, a: Any, B: Any) -> Array:
-        """``||L(a - b_i)||^2`` for every row ``b_i`` of ``B`` (one to many;
-        :meth:`MetricView.squared_distances`)."""
-        return self._metric_view().squared_distances(a, B)
-
-    def transform(self, X: Any) -> Array:
-        """``X L^T``: rows mapped into the learned space (Euclidean there = Eq. 1 here)."""
-        return self._metric_view().transform(X)
-
-    def restricted_squared_distances(self, a: Any, B: Any) -> Array:
-        """``D_R^2(a, b_i)`` in [0, 1) for every row ``b_i`` of ``B`` (the BRM paper's Eq. 7;
-        :meth:`MetricView.restricted_squared_distances`)."""
-        return self._metric_view().restricted_squared_distances(a, B)
-
-    def restricted_squared_pairs(self, A: Any, B: Any) -> Array:
-        """``D_R^2(a_i, b_i)`` for the row pairs of ``A`` and ``B`` (same shape)."""
-        return self._metric_view().restricted_squared_pairs(A, B)
-
-    def restricted_squared_distance(self, a: Any, b: Any) -> float:
-        """``D_R^2(a, b)`` in [0, 1)."""
-        return self._metric_view().restricted_squared_distance(a, b)
-
-    def restricted_distance(self, a: Any, b: Any) -> float:
-        """``D_R(a, b)`` in [0, 1) (the BRM paper's Eq. 7)."""
-        return self._metric_view().restricted_distance(a, b)
-
     # -- diagnostics -----------------------------------------------------------------------
 
     def stability(self) -> Stability:
@@ -792,7 +678,7 @@ def warm_up() -> None:
     calibrator = ThresholdCalibrator(window=4)
     calibrator.observe_many(np.ones(2), np.zeros(2))
     calibrator.calibration()
-    _negatives(np.zeros(1), np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
+    negative_slots(np.zeros(1), np.ones(1, dtype=np.int64), np.zeros(1, dtype=np.int64))
     algorithm: Algorithm
     for algorithm in ("opml", "copml", *GRADIENT_ALGORITHMS, "lda"):  # type: ignore[assignment]
         learner = Learner(LearnerConfig(dim=2, algorithm=algorithm))

@@ -204,3 +204,53 @@ class MetricView:
         """``D_R(a, b)`` in [0, 1) (the BRM paper's Eq. 7; a saturated distance reads as the largest
         double below 1)."""
         return float(restricted_root(self.restricted_squared_distance(a, b)))
+
+
+class MetricQueries:
+    """The distance queries of :class:`MetricView`, for a class that can make the view of its
+    current metric (:meth:`_metric_view`): the learner answers its queries with the same
+    arithmetic as a snapshot.
+
+    >>> class Fixed(MetricQueries):
+    ...     def _metric_view(self) -> MetricView:
+    ...         return MetricView(np.diag([2.0, 1.0]), LearnerConfig(dim=2, normalize="none"))
+    >>> Fixed().squared_distance([1.0, 0.0], [0.0, 0.0])
+    4.0
+    """
+
+    def _metric_view(self) -> MetricView:
+        raise NotImplementedError
+
+    def squared_distance(self, a: Any, b: Any) -> float:
+        """``||L(a - b)||^2`` (Eq. 2)."""
+        return self._metric_view().squared_distance(a, b)
+
+    def distance(self, a: Any, b: Any) -> float:
+        """``sqrt((a - b)^T M (a - b))`` with ``M = L^T L`` (Eq. 1)."""
+        return self._metric_view().distance(a, b)
+
+    def squared_distances(self, a: Any, B: Any) -> Array:
+        """``||L(a - b_i)||^2`` for every row ``b_i`` of ``B`` (one to many;
+        :meth:`MetricView.squared_distances`)."""
+        return self._metric_view().squared_distances(a, B)
+
+    def transform(self, X: Any) -> Array:
+        """``X L^T``: rows mapped into the learned space (Euclidean there = Eq. 1 here)."""
+        return self._metric_view().transform(X)
+
+    def restricted_squared_distances(self, a: Any, B: Any) -> Array:
+        """``D_R^2(a, b_i)`` in [0, 1) for every row ``b_i`` of ``B`` (the BRM paper's Eq. 7;
+        :meth:`MetricView.restricted_squared_distances`)."""
+        return self._metric_view().restricted_squared_distances(a, B)
+
+    def restricted_squared_pairs(self, A: Any, B: Any) -> Array:
+        """``D_R^2(a_i, b_i)`` for the row pairs of ``A`` and ``B`` (same shape)."""
+        return self._metric_view().restricted_squared_pairs(A, B)
+
+    def restricted_squared_distance(self, a: Any, b: Any) -> float:
+        """``D_R^2(a, b)`` in [0, 1)."""
+        return self._metric_view().restricted_squared_distance(a, b)
+
+    def restricted_distance(self, a: Any, b: Any) -> float:
+        """``D_R(a, b)`` in [0, 1) (the BRM paper's Eq. 7)."""
+        return self._metric_view().restricted_distance(a, b)

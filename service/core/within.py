@@ -36,6 +36,23 @@ and ``W - c I`` are zero outside it. While ``Sigma_W`` is singular on that range
 than dimensions and classes, or a direction that varies only between classes) and ``shrinkage``
 is 0, a refresh returns ``None`` and the learner keeps its metric: an inverse of a singular
 covariance would blow up the directions the stream has not varied in yet.
+
+The learner's use of ``W`` (``precondition="whiten"``: ``opml``, ``copml``, ``sgd``): the learner
+keeps the same statistics and learns its ``L`` by its own rule on ``W x``, ``W`` the
+within-class whitening above (identity until the first refresh that finds the pooled covariance
+definite). The served ``L`` (:attr:`Learner.L`, every query, snapshot and certificate) is the
+effective ``L W``. Until the first refresh that finds the pooled covariance definite there is
+no ``W`` (it needs a definite covariance from at least ten samples per dimension,
+:data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the statistics and the
+buffer, and are measured as ``lda``'s
+are (``L = I`` is served, or a metric set by :meth:`Learner.set_metric`); at that refresh
+``W`` arrives and the served metric becomes ``L W`` (the whitened Euclidean distance by
+default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there.
+Every later refresh ``W -> W'`` sets ``L <- L W W'^{-1}`` and turns the buffer rows ``W h``
+into ``W' h``, so the served metric does not jump: the refresh changes the coordinates the
+next steps are taken in, not the metric (the running scale then adapts over its horizon).
+Batches are cut at the refresh points, so any batching and any resume point give the same
+``L``. Rehearsal is not combined with it.
 """
 
 from __future__ import annotations
@@ -46,6 +63,8 @@ import numpy as np
 from numba import njit
 
 from service.core._validation import Array
+from service.core.calibration import ThresholdCalibrator
+from service.core.update import NEW_CLASS, PASSIVE, SINGLE_CLASS, nan_filled
 
 #: The first refresh point: before ``refresh`` samples, refreshes fall on the powers of two
 #: from here (32, 64, 128, ...), so a short stream, or the start of a long one, is not left
@@ -347,3 +366,24 @@ def whitening(stats: WithinClass, shrinkage: float) -> Array | None:
     if P.shape[1] < stats.dim:  # no sample varies there: any invertible scale will do
         out += (np.eye(stats.dim) - P @ P.T) / np.sqrt(float(values.mean()))
     return 0.5 * (out + out.T)
+
+
+def measured_batch(
+    L: Array,
+    H: Array,
+    rows: Array,
+    slots: Any,
+    known: Any,
+    negatives: Any,
+    calibrator: ThresholdCalibrator,
+) -> tuple[Any, Array]:
+    """``lda``, and a whitened learner before its first ``W``: the batch's triplets measured
+    by the current ``L`` (prequential, :func:`measure`), the buffer ``H`` updated; the
+    calibrator takes the measurements. Returns the steps' ``codes`` and ``values``."""
+    n = len(rows)
+    codes = np.empty(n, dtype=np.int64)
+    values = nan_filled((n, 4))
+    measure(L, H, rows, slots, known, negatives, codes, values, SINGLE_CLASS, NEW_CLASS, PASSIVE)
+    done = codes == PASSIVE
+    calibrator.observe_many(values[done, 1], values[done, 2])
+    return codes, values
