@@ -49,6 +49,7 @@ from sklearn.preprocessing import StandardScaler
 from benchmarks.harness.machine import machine_block, machine_info
 from benchmarks.harness.results import command_line, result_stem
 from benchmarks.quality import datasets
+from benchmarks.quality.common import itml_shim
 from service.core import Learner, LearnerConfig
 
 FloatArray = NDArray[np.float64]
@@ -105,24 +106,6 @@ def verification(Z: FloatArray, y: NDArray[np.int64]) -> tuple[float, float]:
     return auc, float((fpr[k] + 1.0 - tpr[k]) / 2.0)
 
 
-def _itml_shim() -> None:
-    """metric-learn 0.7 passes ``force_all_finite``, removed in scikit-learn 1.9."""
-    import metric_learn._util as util
-
-    def renamed(check: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if "force_all_finite" in kwargs:
-                kwargs["ensure_all_finite"] = kwargs.pop("force_all_finite")
-            return check(*args, **kwargs)
-
-        return call
-
-    if not getattr(util, "_opml_shimmed", False):
-        util.check_array = renamed(util.check_array)
-        util.check_X_y = renamed(util.check_X_y)
-        util._opml_shimmed = True
-
-
 def fit_batch(method: str, X: FloatArray, y: NDArray[np.int64], seed: int) -> Any:
     """A fitted batch learner with ``transform``."""
     if method == "sklearn LDA":
@@ -131,7 +114,7 @@ def fit_batch(method: str, X: FloatArray, y: NDArray[np.int64], seed: int) -> An
         from sklearn.neighbors import NeighborhoodComponentsAnalysis
 
         return NeighborhoodComponentsAnalysis(random_state=seed, max_iter=50).fit(X, y)
-    _itml_shim()
+    itml_shim()
     import metric_learn
 
     with warnings.catch_warnings():

@@ -6,7 +6,7 @@ Not a script; imported by ``table2``, ``table4``, ``gamma_grid``, ``learners``, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -253,3 +253,21 @@ def write_report(
 
 def fmt(mean: float, std: float) -> str:
     return f"{mean:.3f} ± {std:.3f}"
+
+
+def itml_shim() -> None:
+    """metric-learn 0.7 passes ``force_all_finite``, removed in scikit-learn 1.9."""
+    import metric_learn._util as util
+
+    def renamed(check: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if "force_all_finite" in kwargs:
+                kwargs["ensure_all_finite"] = kwargs.pop("force_all_finite")
+            return check(*args, **kwargs)
+
+        return call
+
+    if not getattr(util, "_opml_shimmed", False):
+        util.check_array = renamed(util.check_array)
+        util.check_X_y = renamed(util.check_X_y)
+        util._opml_shimmed = True

@@ -45,7 +45,7 @@ from __future__ import annotations
 import argparse
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from benchmarks.quality.common import (
     Config,
     FloatArray,
     IntArray,
+    itml_shim,
     knn_error,
     make_learner,
     mean_std,
@@ -136,24 +137,6 @@ def verification(Z: FloatArray, y: IntArray) -> tuple[float, float]:
     return auc, float((fpr[k] + 1.0 - tpr[k]) / 2.0)
 
 
-def _itml_shim() -> None:
-    """metric-learn 0.7 passes ``force_all_finite``, removed in scikit-learn 1.9."""
-    import metric_learn._util as util
-
-    def renamed(check: Callable[..., Any]) -> Callable[..., Any]:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            if "force_all_finite" in kwargs:
-                kwargs["ensure_all_finite"] = kwargs.pop("force_all_finite")
-            return check(*args, **kwargs)
-
-        return call
-
-    if not getattr(util, "_opml_shimmed", False):
-        util.check_array = renamed(util.check_array)
-        util.check_X_y = renamed(util.check_X_y)
-        util._opml_shimmed = True
-
-
 def fit_transform(
     method: str, X_tr: FloatArray, y_tr: IntArray, X_te: FloatArray, seed: int, constraints: int
 ) -> tuple[FloatArray, FloatArray, dict[str, Any]]:
@@ -165,7 +148,7 @@ def fit_transform(
     if method == "itml":
         import warnings
 
-        _itml_shim()
+        itml_shim()
         from metric_learn import ITML_Supervised
 
         with warnings.catch_warnings():
