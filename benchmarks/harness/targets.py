@@ -61,6 +61,24 @@ class Target:
             model: dict[str, Any] = answer.json()
             return model
 
+    def settle(self, name: str, timeout_s: float = 300.0) -> None:
+        """Wait until the model's learner has applied its whole log (``version >=
+        logged_seq``), so that one measurement's backlog is not learned during the next; the
+        floor has no models and nothing to settle."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(base_url=self.url, timeout=60) as client:
+            while True:
+                answer = client.get(f"/v1/models/{name}")
+                if answer.status_code == 404:
+                    return
+                answer.raise_for_status()
+                doc = answer.json()
+                if doc["version"] >= doc["logged_seq"]:
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.label}: {name} did not catch up in {timeout_s} s")
+                time.sleep(0.05)
+
     def loadgen(self, kind: str, *args: str | int | float) -> dict[str, Any]:
         """One :func:`run_loadgen` measurement, with ``service_cpu_s`` over it."""
         cpu0 = self.cpu()

@@ -7,8 +7,8 @@ Starts ``python -m service`` (embedded Redis, ``appendfsync always``, d = 64, ``
 l2``), the floor app (:mod:`benchmarks.harness.floor`: parse, one Lua append group-committed on
 the same Redis, ack; nothing else) and a second service with
 ``OPML_WS_PER_MESSAGE_DEFLATE=true``. In each of ``--rounds`` rounds, the same client
-(:mod:`benchmarks.harness.loadgen`, a process of its own) measures, on the service and then on
-the floor:
+(:mod:`benchmarks.harness.loadgen`, a process of its own) measures each of these on the service
+and on the floor back to back, the order alternating from round to round:
 
 * ``rest_seq``: single-sample ``POST .../samples`` one after the other on one keep-alive
   connection (requests/s and server CPU per request);
@@ -91,14 +91,29 @@ def ws(target: Target, seconds: float, encoding: str, frame: int, connections: i
     }
 
 
-def measure_target(target: Target, seconds: float, requests: int) -> dict[str, Any]:
+def measure_one(target: Target, key: str, seconds: float, requests: int) -> dict[str, Any]:
+    """One measurement of :data:`MEASURES` on one target, from a settled service."""
+    target.settle(NAME)
+    if key == "rest_seq":
+        return asyncio.run(sequential(target, requests))
+    if key.startswith("ws_json1"):
+        return ws(target, seconds, "json", 1, 4 if key.endswith("_4") else 1)
+    return ws(target, seconds, "binary", int(key.rsplit("_", 1)[1]), 1)
+
+
+def measure_pair(
+    service: Target, floor: Target, seconds: float, requests: int, floor_first: bool
+) -> dict[str, dict[str, Any]]:
+    """Every measurement on the service and the floor back to back (the order alternating
+    by round), so that a change of the machine's load between them moves both alike."""
     load0 = loadavg()
-    out: dict[str, Any] = {"rest_seq": asyncio.run(sequential(target, requests))}
-    out["ws_json1"] = ws(target, seconds, "json", 1, 1)
-    out["ws_json1_4"] = ws(target, seconds, "json", 1, 4)
-    for frame in BINARY_FRAMES:
-        out[f"ws_binary_{frame}"] = ws(target, seconds, "binary", frame, 1)
-    out["load"] = [load0, loadavg()]
+    out: dict[str, dict[str, Any]] = {"service": {}, "floor": {}}
+    order = [("floor", floor), ("service", service)]
+    for key, _ in MEASURES:
+        for label, target in order if floor_first else order[::-1]:
+            out[label][key] = measure_one(target, key, seconds, requests)
+    for side in out.values():
+        side["load"] = [load0, loadavg()]
     return out
 
 
@@ -135,9 +150,8 @@ def measure(rounds: int, seconds: float, requests: int) -> dict[str, Any]:
         fsync = fsync_latency(process.data_dir)
         out: list[dict[str, Any]] = []
         for k in range(rounds):
-            run = {
-                "service": measure_target(service, seconds, requests),
-                "floor": measure_target(floor, seconds, requests),
+            run: dict[str, Any] = {
+                **measure_pair(service, floor, seconds, requests, floor_first=k % 2 == 1),
                 "deflate": {
                     "declined": ws(service, seconds, "json", 1, 1, deflate=True),
                     "accepted": ws(deflating, seconds, "json", 1, 1, deflate=True),
@@ -208,7 +222,9 @@ def report(data: dict[str, Any]) -> list[str]:
         "",
         "The floor is a bare uvicorn app doing only the durable work (parse, one Lua append "
         "group-committed on the same Redis with `appendfsync always`, ack), measured by the same "
-        "client in the same round. Throughput: at or above 1.0 means the service keeps up with "
+        "client back to back with the service (the order alternating by round), each from a "
+        "settled service (its learner caught up). Throughput: at or above 1.0 means the "
+        "service keeps up with "
         "its stack's floor; CPU per sample: the service's extra work (learning, validation, "
         "idempotency, metrics) as a multiple of the floor's.",
         "",
