@@ -54,7 +54,6 @@ from service.core.gallery import OVERSAMPLE, TransformedGallery, refresh_method
 ROOT = Path(__file__).resolve().parents[2]
 D = 128
 K = 5
-TARGET_P99_MS = 5.0
 INGEST_RATE = 20_000.0
 
 
@@ -399,7 +398,7 @@ def report(data: dict[str, Any]) -> str:
         "",
         "Latency from each request's scheduled send time. During ingestion the loadgen streams "
         f"binary frames paced at {INGEST_RATE:,.0f} samples/s (achieved rate in the table); the "
-        f"target is p99 < {TARGET_P99_MS:g} ms for 10,000 x 128 during ingestion.",
+        "target is the ratio above: p99 during ingestion at most 2x the same gallery's idle p99.",
         "",
         "`GET /livez` (no work at all) was measured right after each run at the same rate: its "
         "latency is the floor the machine's load sets for any request. Service CPU per request "

@@ -176,8 +176,10 @@ class Plan:
 
 
 async def measure_round(service: Target, plan: Plan, tmp: Path) -> dict[str, Any]:
-    """One round on one server: every row of :data:`ROWS`."""
+    """One round on one server: every row of :data:`ROWS`, each part from a settled server
+    (no learner backlog of an earlier part running beside it)."""
     out: dict[str, Any] = {}
+    service.settle("q64")
     pairs = pair_bodies(D)
     out["livez"] = await open_loop(service, "GET", "/livez", [b""], plan.rate, plan.seconds)
     for what in ("distance", "verify"):
@@ -207,6 +209,7 @@ async def measure_round(service: Target, plan: Plan, tmp: Path) -> dict[str, Any
             background.wait(10)
     acked = json.loads(report.read_text())["throughput"]
     out["background_ingestion"] = {"offered": plan.ingest_rate, "acked_per_s": acked}
+    service.settle("q64")
     for key, (headers, body) in gallery_bodies().items():
         queries = plan.json_queries if key == "json" else plan.npz_queries
         out[f"gallery_{key}"] = await gallery(service, headers, body, queries)
