@@ -5,6 +5,7 @@ answer), shared by the sync and async clients; no I/O here.
 from __future__ import annotations
 
 import io
+import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -357,11 +358,9 @@ def identify_many(
     frr: float | None = None,
 ) -> Call[IdentifiedMany]:
     """Several vectors; ``binary`` None: an ``.npz`` body and answer when ``X`` is a 2-D numpy
-    array of at least :data:`BINARY_MATRIX_VALUES` values, else JSON (always JSON with a
-    target rate ``far`` / ``frr``)."""
+    array of at least :data:`BINARY_MATRIX_VALUES` values, else JSON."""
     if binary is None:
         binary = isinstance(X, np.ndarray) and X.ndim == 2 and X.size >= BINARY_MATRIX_VALUES
-    binary = binary and far is None and frr is None
     params = _version_params(min_version)
     if not binary:
         body: dict[str, Any] = {"xs": matrix(X, "X"), "k": int(k)}
@@ -369,8 +368,7 @@ def identify_many(
         parse = IdentifiedMany.from_json
         return Call("POST", model_path(name, "/identify"), lambda r: parse(r.json()), body, params)
     params["k"] = int(k)
-    if threshold is not None:
-        params["threshold"] = float(threshold)
+    _decision(params, threshold, far, frr)
     rows = finite(X, "X", 2, keep_float32=True)  # exact in the service's float64
     buf = io.BytesIO()
     np.savez(buf, xs=rows)
@@ -389,7 +387,10 @@ def _identified_npz(response: httpx.Response) -> IdentifiedMany:
     ]
     source = str(a["threshold_source"])
     version, threshold, calibrated = int(a["version"]), float(a["threshold"]), bool(a["calibrated"])
-    return IdentifiedMany(results, version, threshold, source, calibrated)
+    raw: dict[str, Any] = {}
+    if "operating_point" in a:  # a target decided: the object as its JSON text
+        raw["operating_point"] = json.loads(str(a["operating_point"]))
+    return IdentifiedMany(results, version, threshold, source, calibrated, raw)
 
 
 def gallery_list(name: str, cursor: str | None, limit: int | None) -> Call[GalleryPage]:

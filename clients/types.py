@@ -489,6 +489,17 @@ class IdentifiedMany:
         results = [[Match.from_json(m) for m in r["matches"]] for r in doc["results"]]
         return cls(results, *_decided(doc), doc)
 
+    @property
+    def unknown(self) -> list[bool]:
+        """Per vector: no match passes the threshold (nobody the gallery knows)."""
+        return [not any(m.same for m in matches) for matches in self.results]
+
+    @property
+    def operating_point(self) -> dict[str, Any] | None:
+        """The certified operating point that decided (a ``far`` / ``frr`` target)."""
+        point: dict[str, Any] | None = self.raw.get("operating_point")
+        return point
+
 
 def _decided(doc: dict[str, Any]) -> tuple[int, float, str, bool]:
     source = str(doc["threshold_source"])

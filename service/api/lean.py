@@ -121,7 +121,7 @@ class LeanPath:
             if what == "identify":
                 return await gallery.answer_identify(
                     models, name, min_version, content_type, body, headers.get("accept"),
-                    query.get("k"), query.get("threshold"),
+                    query.get("k"), query.get("threshold"), query.get("far"), query.get("frr"),
                 )  # fmt: skip
             return await queries.answer_verify(models, name, min_version, content_type, body)
         except ClientDisconnect:

@@ -286,7 +286,7 @@ class IdentifyRequest:
     k: int
     threshold: float | None
     k_loc: list[str | int]
-    #: Target rates (JSON bodies only; at most one of them and ``threshold``).
+    #: Target rates (at most one of them and ``threshold``).
     far: float | None = None
     frr: float | None = None
 
@@ -301,27 +301,54 @@ def identify_body(
     max_bytes: int,
     k: str | None = None,
     threshold: str | None = None,
+    far: str | None = None,
+    frr: str | None = None,
 ) -> IdentifyRequest:
-    """An ``identify`` request: a JSON body ``{x | xs, k?, threshold?}``, or an ``.npz`` body
-    holding ``x`` (d,) or ``xs`` (n, d) with ``k`` and ``threshold`` from the query string.
+    """An ``identify`` request: a JSON body ``{x | xs, k?, threshold? | far? | frr?}``, or an
+    ``.npz`` body holding ``x`` (d,) or ``xs`` (n, d) with ``k`` and ``threshold`` / ``far`` /
+    ``frr`` from the query string (the same rules as in the JSON body).
 
     >>> identify_body(None, b'{"x": [1, 2], "k": 2}', 1024).k
     2
+    >>> from service.api.npy import npz_bytes
+    >>> identify_body(NPZ, npz_bytes(x=np.ones(2)), 1024, far="0.01").far
+    0.01
     """
     if check_media_type(content_type, (JSON, NPZ)) == NPZ:
         arrays = npz_arrays(body, IDENTIFY_NPZ, max_bytes, required=False)
         if len(arrays) != 1:
             raise invalid(["body"], "holds either x, shape (d,), or xs, shape (n, d)")
         ((name, rows),) = arrays.items()
+        decision = {"threshold": threshold, "far": far, "frr": frr}
+        given = [n for n, v in decision.items() if v is not None]
+        if len(given) > 1:
+            raise invalid(
+                ["query", given[1]],
+                f"give at most one of threshold, far and frr (got {', '.join(given)})",
+            )
         return IdentifyRequest(rows, name == "xs", _count(k, ["query", "k"]),
-                               _threshold(threshold), ["query", "k"])  # fmt: skip
-    for given, param in ((k, "k"), (threshold, "threshold")):
-        if given is not None:
+                               _threshold(threshold), ["query", "k"],
+                               _rate(far, "far"), _rate(frr, "frr"))  # fmt: skip
+    for raw, param in ((k, "k"), (threshold, "threshold"), (far, "far"), (frr, "frr")):
+        if raw is not None:
             raise invalid(["query", param], f"with a JSON body, {param} goes in the body")
     parsed = json_body(IdentifyBody, content_type, body)
     many = parsed.xs is not None
     return IdentifyRequest(parsed.xs if many else parsed.x, many, parsed.k, parsed.threshold,
                            ["body", "k"], parsed.far, parsed.frr)  # fmt: skip
+
+
+def _rate(raw: str | None, name: str) -> float | None:
+    """A target rate in the query string (``far`` / ``frr``): a number in (0, 0.5)."""
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < 0.5:  # NaN fails too
+        raise invalid(["query", name], "must be a number in (0, 0.5)")
+    return value
 
 
 def _count(raw: str | None, loc: list[str | int]) -> int:

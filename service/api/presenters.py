@@ -126,12 +126,22 @@ _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def json_response(
-    content: dict[str, Any], status_code: int = 200, headers: Mapping[str, str] | None = None
+    content: dict[str, Any],
+    status_code: int = 200,
+    headers: Mapping[str, str] | None = None,
+    encoded: Mapping[str, str] | None = None,
 ) -> Response:
     """A plain JSON answer: no pydantic re-validation of what the service computed itself
     (large matrices, per-request answers); NaN or Inf cannot slip through (``allow_nan=False``).
+    ``encoded``: members whose values are JSON text already (encoded once, cached), appended.
 
     >>> json_response({"accepted": 1}, 202).body
     b'{"accepted":1}'
+    >>> json_response({"a": 1}, encoded={"b": '{"c":[2]}'}).body
+    b'{"a":1,"b":{"c":[2]}}'
     """
-    return Response(_ENCODER.encode(content), status_code, headers, media_type="application/json")
+    text = _ENCODER.encode(content)
+    if encoded:
+        more = ",".join(f"{_ENCODER.encode(k)}:{v}" for k, v in encoded.items())
+        text = f"{text[:-1]},{more}}}" if content else f"{{{more}}}"
+    return Response(text, status_code, headers, media_type="application/json")

@@ -1,53 +1,72 @@
 """Operating points: the verification threshold for a target error rate, certified.
 
 A user asks "which threshold gives me at most 1 false accept in 1,000, and how sure are you?".
-This module answers with a threshold whose *certified* false-accept rate (or false-reject rate)
-is at most the target: an upper confidence bound from samples the learner never saw (the
-held-out reservoir of :mod:`service.core.holdout`), in the form of the certificates
-(:mod:`service.core.certificates`):
+This module answers with a threshold whose false-accept rate (or false-reject rate) is
+*certified* to be at most the target, from samples the learner never saw (the held-out
+reservoir of :mod:`service.core.holdout`), in the form of the certificates
+(:mod:`service.core.certificates`). For a target ``far``:
 
     With probability at least ``1 - delta`` over the held-out samples, for the served metric
-    ``L`` at version ``v``, *every* threshold ``theta_j`` of the grid ``G`` satisfies
-    ``FAR(L, theta_j) <= far_bound_j`` and ``FRR(L, theta_j) <= frr_bound_j``; in particular
-    the chosen threshold does, whichever it is. Assumes an exchangeable (i.i.d., no drift)
-    labelled stream and a metric and grid not chosen using these held-out samples; the rates
-    are averages over the class mix of the pairs (every class in proportion to its held-out
+    ``L`` at version ``v``, the chosen threshold ``theta`` satisfies ``FAR(L, theta) <= far``
+    and ``FRR(L, theta) <= frr_bound``. Assumes an exchangeable (i.i.d., no drift) labelled
+    stream and a metric and grid not chosen using these held-out samples; the rates are
+    averages over the class mix of the pairs (every class in proportion to its held-out
     samples, paired with a random other class).
 
-How the choice keeps the bound valid:
+For a target ``frr`` the roles of the two rates swap. ``delta`` is split in two halves, one
+per rate:
 
-* **The grid is fixed before any held-out error is looked at.** Its thresholds come from the
-  calibration window (distances the learner measured on its own training stream, which holds
-  no held-out sample): quantiles of its negative distances (fine steps where false accepts are
-  rare), quantiles of its positive distances (fine steps where false rejects are rare), a
-  geometric grid spanning them (and a factor 4 beyond), and ``0``.
-* **Union bound over the grid.** Each of the ``2 |G|`` statements (FAR and FRR at each grid
-  threshold) holds at ``delta / (2 |G|)``, so all hold together at ``delta`` and the choice
-  may look at all of them: the chosen threshold's bounds are the reported ones, neither looser
-  nor tighter. The price is ``ln(2 |G|)`` nats in the bound (about 9.5 at ``delta = 0.05``
-  against 3.7 for a single threshold).
+* **The grid is fixed before any held-out error is looked at.** Its thresholds ``t_1 < t_2 <
+  ...`` come from the calibration window (distances the learner measured on its own training
+  stream, which holds no held-out sample): quantiles of its negative distances (fine steps
+  where false accepts are rare), quantiles of its positive distances (fine steps where false
+  rejects are rare), a geometric grid spanning them (and a factor 4 beyond), and ``0``.
+* **The target's rate: fixed-sequence testing, at ``delta / 2``.** For ``far``, the
+  hypotheses ``H_j: FAR(t_j) > far`` are tested in ascending order, each by one exact bound at
+  ``delta / 2`` (no division by the grid's size): ``H_j`` is rejected when the upper bound of
+  ``FAR(t_j)`` is at most ``far``; the walk stops at the first ``H_j`` kept, and the last
+  rejected ``t_j`` is chosen. The bound grows with the threshold (more false accepts), so this
+  is the largest grid threshold whose single bound is at most ``far``. *Why it is valid:*
+  ``FAR`` is nondecreasing in the threshold, so let ``t_{j*}`` be the first grid threshold
+  with ``FAR(t_{j*}) > far`` (fixed by the metric and the grid, not by the held-out errors).
+  Choosing ``t_{j*}`` or beyond requires rejecting ``H_{j*}``, i.e. the one bound at
+  ``t_{j*}`` falling below its true rate: probability at most ``delta / 2``. Otherwise the
+  choice is below ``t_{j*}``, where ``FAR <= far``.
+* **What is reported for the target's rate.** The certified statement is ``FAR(theta) <=
+  far``, so ``far_bound`` *is* ``far``. The single bound at the chosen threshold is smaller,
+  but it is not a valid bound there: the threshold was chosen because that bound was small
+  (reporting it would need the union over the grid this design avoids). ``far_estimate`` is
+  the held-out ``k/m``, as ever.
+* **The other rate: a union bound over the grid, at ``delta / 2``.** ``FRR`` at every grid
+  threshold is bounded at ``delta / (2 |G|)``, so all these bounds hold together and the
+  data-dependent choice may read its own: ``frr_bound`` is valid at ``theta`` whichever it is.
+  Together (a union of the two halves' failures) both statements hold with probability at
+  least ``1 - delta``.
 * **Pairs.** Disjoint positive pairs and disjoint negative pairs, each kind from all the
   held-out samples (:func:`~service.core.certificates.tuples.build_pairs`, labels and a seeded
   generator only), so within a kind the errors are independent given the labels, and ``k``
   errors in ``m`` pairs give Langford's ``Bin^{-1}(m, k, delta')`` (exact; valid for pairs
-  with different means at ``delta' <= 0.1``) or its Chernoff relaxation ``kl^{-1}``
-  (:func:`~service.core.certificates.held_out.upper_bound`).
+  with different means at ``delta' <= 0.1``, hence ``delta <= 0.2`` here) or its Chernoff
+  relaxation ``kl^{-1}`` (:func:`~service.core.certificates.held_out.upper_bound`).
 
-The choice: for a target ``far``, among the grid thresholds whose certified false-accept rate
-is at most ``far``, the one with the lowest false-reject estimate (the largest, since the rates
-are monotone in the threshold); for a target ``frr``, symmetrically. No grid threshold
-qualifies when there are too few negative (positive) pairs: with zero errors ``m`` pairs bound
-a rate by ``1 - delta'^(1/m)``, so about ``ln(2 |G| / delta) / far`` pairs, twice as many
-held-out samples, are needed; :class:`~service.core.certificates.NotEnoughHeldOut` says how
-many more. ``0`` is on the grid, so enough negatives always certify some threshold.
+The price of certifying is the bound's gap above the estimate: ``ln(2 / delta)`` nats for the
+target's rate (3.7 at ``delta = 0.05``; a union bound over the ``|G|`` thresholds would cost
+``ln(2 |G| / delta)``, about 9.5), and ``ln(2 |G| / delta)`` for the other rate. For ``far``
+the chosen threshold is the largest passing the test, i.e. the one with the lowest
+false-reject estimate among those the test certifies; for ``frr``, symmetrically (descending
+thresholds, the lowest false-accept rate). Nothing passes when there are too few negative
+(positive) pairs: with zero errors ``m`` pairs bound a rate by ``1 - (delta/2)^(1/m)``, so
+about ``ln(2 / delta) / far`` pairs, twice as many held-out samples, are needed;
+:class:`~service.core.certificates.NotEnoughHeldOut` says how many more. ``0`` is on the
+grid, so enough negatives always certify some threshold.
 
 A ``brm`` model decides on its restricted distance ``D_R^2`` (:mod:`service.core.brm`; its
 calibration window is in those units too): its operating points are certified in ``D_R^2``.
 
-The ROC (:func:`roc`) evaluates ``N`` thresholds fixed by the calibration window (quantiles of
-its pooled distances) on the same pairs, with bounds holding together over the ``N`` points
-(``delta / (2N)`` each), and shows the window's own (uncertified, training-stream) estimates
-beside them.
+The ROC (:func:`roc`) reports all its points at once, so it keeps the union bound: ``N``
+thresholds fixed by the calibration window (quantiles of its pooled distances), evaluated on
+the same pairs, with bounds holding together over the ``N`` points (``delta / (2N)`` each),
+and the window's own (uncertified, training-stream) estimates beside them.
 
 Use::
 
@@ -71,7 +90,13 @@ from numpy.typing import NDArray
 
 from service.core._validation import Array
 from service.core.brm import restricted_squared_norms
-from service.core.certificates import CLASS_MIX, Method, NotEnoughHeldOut, check_metric_and_samples
+from service.core.certificates import (
+    BINOMIAL_MAX_DELTA,
+    CLASS_MIX,
+    Method,
+    NotEnoughHeldOut,
+    check_metric_and_samples,
+)
 from service.core.certificates.bounds import bin_inv_upper, kl_inv_upper
 from service.core.certificates.tuples import MIN_TUPLES, build_pairs
 
@@ -314,10 +339,11 @@ def _upper(m: int, k: NDArray[np.int64], delta: float, method: Method) -> Array:
 
 def pairs_needed(target: float, delta: float) -> int:
     """Fewest pairs whose bound at zero errors is at most ``target``: ``1 - delta^(1/m) <=
-    target``, i.e. ``m >= ln(delta) / ln(1 - target)`` (about ``ln(1/delta) / target``).
+    target``, i.e. ``m >= ln(delta) / ln(1 - target)`` (about ``ln(1/delta) / target``). An
+    operating point tests its target's rate once, at ``delta / 2`` of the answer's ``delta``:
 
-    >>> pairs_needed(0.01, 0.05), pairs_needed(0.001, 0.05 / 600)
-    (299, 9388)
+    >>> pairs_needed(0.01, 0.05 / 2), pairs_needed(0.001, 0.05 / 2)
+    (368, 3688)
     """
     return math.ceil(math.log(delta) / math.log1p(-target) - 1e-9)
 
@@ -327,19 +353,21 @@ class OperatingPoint:
     """A threshold chosen for a target rate, with its certified and estimated rates.
 
     ``kind`` is the target's rate (``"far"`` or ``"frr"``); ``far_estimate`` / ``frr_estimate``
-    the held-out rates at ``threshold`` (``k/m`` among ``negatives`` / ``positives`` pairs),
-    ``far_bound`` / ``frr_bound`` their upper confidence bounds, holding together with the
-    rest of the grid's with probability >= ``1 - delta`` (``grid``: its size);
-    ``window_far`` / ``window_frr``: the calibration window's estimates (training stream, not
-    certified; None: empty window). ``distance``: the distance ``threshold`` applies to.
+    the held-out rates at ``threshold`` (``k/m`` among ``negatives`` / ``positives`` pairs).
+    ``far_bound`` / ``frr_bound``: the certified upper bounds at ``threshold``, holding together
+    with probability >= ``1 - delta``. The target's own bound is the target (the certified
+    statement of the fixed-sequence test; module docstring), the other rate's is its union
+    bound over the ``grid`` thresholds (``delta / (2 grid)`` each). ``window_far`` /
+    ``window_frr``: the calibration window's estimates (training stream, not certified; None:
+    empty window). ``distance``: the distance ``threshold`` applies to.
 
     >>> rng = np.random.default_rng(0)
     >>> y = rng.integers(0, 4, 4000)
     >>> X = 3.0 * np.eye(4)[y] + rng.normal(size=(4000, 4))
     >>> window = np.column_stack([rng.chisquare(4, 500) * 2, rng.chisquare(4, 500) * 2 + 18])
     >>> p = operating_point(held_out_pairs(np.eye(4), X, y, window), far=0.05)
-    >>> p.kind, p.far_bound <= 0.05, p.far_estimate <= p.far_bound
-    ('far', True, True)
+    >>> p.kind, p.far_bound, p.far_estimate < p.far_bound, p.frr_estimate <= p.frr_bound
+    ('far', 0.05, True, True)
     >>> sorted(p.to_dict())[:5]
     ['delta', 'distance', 'far_bound', 'far_estimate', 'frr_bound']
     """
@@ -371,6 +399,13 @@ def _nan_none(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
+def _last_rejected(passed: NDArray[np.bool_]) -> int:
+    """Fixed-sequence testing: walk ``passed`` (a hypothesis rejected per position, in the
+    order fixed beforehand) while it holds; the last position rejected, or -1 for none."""
+    kept = np.flatnonzero(~passed)
+    return (int(kept[0]) if len(kept) else len(passed)) - 1
+
+
 def operating_point(
     pairs: HeldOutPairs,
     *,
@@ -379,8 +414,8 @@ def operating_point(
     delta: float = DEFAULT_DELTA,
     method: Method = "binomial",
 ) -> OperatingPoint:
-    """The grid threshold whose certified ``far`` (or ``frr``) is at most the target, with the
-    lowest other error (module docstring). Exactly one of ``far`` / ``frr``.
+    """The grid threshold certified by fixed-sequence testing for ``far`` (or ``frr``), with
+    the lowest other error (module docstring). Exactly one of ``far`` / ``frr``.
 
     ValueError for bad arguments; :class:`NotEnoughHeldOut` (``needed`` more held-out samples
     on top of ``have``) when too few pairs can certify the target, or ValueError naming the
@@ -392,32 +427,40 @@ def operating_point(
     kind: Kind = "far" if far is not None else "frr"
     target = check_target(far if far is not None else frr, kind)
     delta, method = check_delta(delta, method)
+    if method == "binomial" and delta / 2 > BINOMIAL_MAX_DELTA:
+        raise ValueError(
+            f"delta: the exact binomial inversion is valid for non-identical pairs up to "
+            f"{BINOMIAL_MAX_DELTA:g} per rate, and an operating point spends delta/2 on each: "
+            f"at most {2 * BINOMIAL_MAX_DELTA:g}, got {delta!r}; use method='kl'"
+        )
     grid = pairs.grid
-    share = delta / (2 * len(grid))
+    test_share, union_share = delta / 2, delta / (2 * len(grid))
     fa, fr = pairs.counts(grid)
     m_neg, m_pos = len(pairs.negatives), len(pairs.positives)
-    far_bounds = _upper(m_neg, fa, share, method)
-    frr_bounds = _upper(m_pos, fr, share, method)
-    if kind == "far":
-        ok = np.flatnonzero(far_bounds <= target)
-        j = int(ok[-1]) if len(ok) else -1  # the largest: the lowest false-reject rate
+    if kind == "far":  # ascending thresholds: FAR grows
+        j = _last_rejected(_upper(m_neg, fa, test_share, method) <= target)
         m, errors = m_neg, fa
-    else:
-        ok = np.flatnonzero(frr_bounds <= target)
-        j = int(ok[0]) if len(ok) else -1  # the smallest: the lowest false-accept rate
+    else:  # descending thresholds: FRR grows
+        j = len(grid) - 1 - _last_rejected((_upper(m_pos, fr, test_share, method) <= target)[::-1])
+        j = -1 if j == len(grid) else j
         m, errors = m_pos, fr
     if j < 0:
-        _refuse(pairs, kind, target, share, m, int(errors.min()))
+        _refuse(pairs, kind, target, test_share, m, int(errors.min()))
     theta = float(grid[j])
+    k_fa, k_fr = fa[j : j + 1], fr[j : j + 1]
+    if kind == "far":
+        far_bound, frr_bound = target, float(_upper(m_pos, k_fr, union_share, method)[0])
+    else:
+        far_bound, frr_bound = float(_upper(m_neg, k_fa, union_share, method)[0]), target
     wfar, wfrr = pairs.window_rates(np.array([theta]))
     point = OperatingPoint(
         kind=kind,
         target=target,
         threshold=theta,
-        far_estimate=int(fa[j]) / m_neg,
-        far_bound=float(far_bounds[j]),
-        frr_estimate=int(fr[j]) / m_pos,
-        frr_bound=float(frr_bounds[j]),
+        far_estimate=int(k_fa[0]) / m_neg,
+        far_bound=far_bound,
+        frr_estimate=int(k_fr[0]) / m_pos,
+        frr_bound=frr_bound,
         negatives=m_neg,
         positives=m_pos,
         delta=delta,
@@ -434,24 +477,30 @@ def operating_point(
 
 def _with_statement(p: OperatingPoint, pairs: HeldOutPairs) -> OperatingPoint:
     at = "" if p.version is None else f" at version {p.version}"
-    rate = "false accept" if p.kind == "far" else "false reject"
+    if p.kind == "far":
+        rate, other, order = "false accept", "false reject", "ascending"
+    else:
+        rate, other, order = "false reject", "false accept", "descending"
     text = (
-        f"Threshold {p.threshold:.6g} on the {p.distance} distance: the lowest-error grid "
-        f"threshold whose certified {rate} rate is at most {p.target:g}. With probability at "
+        f"Threshold {p.threshold:.6g} on the {p.distance} distance: of a grid of {p.grid} "
+        f"thresholds fixed from the calibration window, the last one in {order} order whose "
+        f"{rate} rate passes a single test at delta/2 against {p.target:g}. With probability at "
         f"least {1 - p.delta:.4g} over the {pairs.samples} held-out samples, for the served "
         f"metric{at}, false accept rate <= {p.far_bound:.4g} ({p.far_estimate * p.negatives:.0f}"
         f" errors in {p.negatives} negative pairs) and false reject rate <= {p.frr_bound:.4g} "
-        f"({p.frr_estimate * p.positives:.0f} errors in {p.positives} positive pairs), together "
-        f"with the bounds of all {p.grid} thresholds of a grid fixed from the calibration "
-        f"window (each at delta/{2 * p.grid}). Assumes an exchangeable (i.i.d., no drift) "
-        f"labelled stream and a metric not chosen using these held-out samples; {CLASS_MIX}."
+        f"({p.frr_estimate * p.positives:.0f} errors in {p.positives} positive pairs): the "
+        f"{rate} rate by fixed-sequence testing (delta/2), the {other} rate by a union bound "
+        f"over the grid (each at delta/{2 * p.grid}). Assumes an exchangeable (i.i.d., no "
+        f"drift) labelled stream and a metric not chosen using these held-out samples; "
+        f"{CLASS_MIX}."
     )
     return OperatingPoint(**{**asdict(p), "statement": text})
 
 
 def _refuse(pairs: HeldOutPairs, kind: Kind, target: float, share: float, m: int, k: int) -> None:
-    """Raise why no grid threshold certifies ``target``: too few pairs (NotEnoughHeldOut, with
-    how many more held-out samples), or a target the metric does not reach (ValueError)."""
+    """Raise why no grid threshold certifies ``target`` (its single test at ``share``): too
+    few pairs (NotEnoughHeldOut, with how many more held-out samples), or a target the metric
+    does not reach (ValueError)."""
     n = pairs.samples
     what = "negative" if kind == "far" else "positive"
     if k == 0 or k / m < target:
@@ -467,10 +516,10 @@ def _refuse(pairs: HeldOutPairs, kind: Kind, target: float, share: float, m: int
         raise NotEnoughHeldOut(
             more,
             n,
-            f"not certifiable: {kind} <= {target:g} at delta {2 * share * len(pairs.grid):g} "
-            f"needs about {need} {what} pairs (at zero errors: ln(1/delta')/{kind}, delta' = "
-            f"delta/{2 * len(pairs.grid)} over the grid), the {n} held-out samples form {m}; "
-            f"about {more} more held-out samples are needed",
+            f"not certifiable: {kind} <= {target:g} at delta {2 * share:g} needs about {need} "
+            f"{what} pairs (at zero errors: ln(2/delta)/{kind}, the target tested once at "
+            f"delta/2), the {n} held-out samples form {m}; about {more} more held-out samples "
+            f"are needed",
         )
     raise ValueError(
         f"{kind}: no threshold of the grid reaches {kind} <= {target:g} on the held-out pairs "

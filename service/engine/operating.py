@@ -28,12 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -107,6 +108,9 @@ class _Entry:
     #: The model's version when the reservoir was copied (a refusal older than the model
     #: may have been lifted by held-out samples that came since).
     copied_at: int = -1
+    #: The JSON text of each cached point as answers carry it (:func:`wire_json`): encoded
+    #: once, so a verify by target costs no encoding of the point.
+    encoded: dict[Target, str] = field(default_factory=dict)
 
 
 class OperatingCache:
@@ -177,6 +181,19 @@ class OperatingCache:
                 log.debug("operating point refresh failed", exc_info=True)
 
         self._refresh = asyncio.create_task(refresh(), name="operating-point")
+
+    def ready(self, newest: Snapshot, min_version: int | None) -> _Entry | None:
+        """The newest evaluated entry when :meth:`latest` would answer it without waiting
+        (starting the background refresh when the model moved on), else None: the hot path of
+        a verify by target, with no coroutine."""
+        entry = self.newest
+        if entry is None or (min_version is not None and entry.snapshot.version < min_version):
+            return None
+        if entry.snapshot.version < newest.version:
+            if entry.pairs is None:  # a refusal may be stale: never serve it
+                return None
+            self._refresh_soon(newest.version)
+        return entry
 
     async def latest(self, newest: Snapshot, min_version: int | None) -> _Entry:
         """The newest evaluated entry (refreshed in the background when the model moved on);
@@ -259,10 +276,23 @@ def point_of(entry: _Entry, target: Target) -> OperatingPoint:
             found = _refusal(exc)
         entry.points[target] = found
         while len(entry.points) > KEEP_POINTS:
-            entry.points.popitem(last=False)
+            evicted, _ = entry.points.popitem(last=False)
+            entry.encoded.pop(evicted, None)
     if isinstance(found, Exception):
         raise _fresh(found)
     return found
+
+
+def wire_json(entry: _Entry, target: Target) -> tuple[OperatingPoint, str]:
+    """:func:`point_of` and the point as the JSON text answers carry (:func:`wire`, encoded
+    once per entry and target, compact as the service's JSON answers)."""
+    point = point_of(entry, target)
+    text = entry.encoded.get(target)
+    if text is None:
+        text = entry.encoded[target] = json.dumps(
+            wire(point), allow_nan=False, separators=(",", ":")
+        )
+    return point, text
 
 
 def _fresh(error: Exception) -> Exception:

@@ -8,6 +8,7 @@ import io
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clients import OPMLClient
@@ -28,7 +29,7 @@ def test_sdk_and_cli_by_target_rate(
         client.ingest(name, X[lo : lo + 400], y[lo : lo + 400], wait=True)
     v = client.verify(name, X[0], X[1], far=0.05, min_version=2400)
     assert v.threshold_source == "far" and v.operating_point is not None
-    assert v.operating_point["far_bound"] <= 0.05 and v.threshold == v.operating_point["threshold"]
+    assert v.operating_point["far_bound"] == 0.05 and v.threshold == v.operating_point["threshold"]
 
     a, b = (",".join(map(repr, row.tolist())) for row in X[:2])
     done = opml(service, "verify", name, f"--a={a}", f"--b={b}", "--far", "0.05", "--json")
@@ -48,6 +49,13 @@ def test_sdk_and_cli_by_target_rate(
     assert found.unknown and found.threshold_source == "frr"
     many = client.identify_many(name, [X[0], X[1]], k=1, far=0.05)
     assert many.threshold_source == "far" and [r[0].id for r in many.results] == ["p", "q"]
+    # the binary form (an .npz body and answer) decides the same, and says so
+    rows = np.array([X[0], [1e3, 1e3, 1e3]])
+    npz = client.identify_many(name, rows, k=1, far=0.05, binary=True)
+    as_json = client.identify_many(name, rows, k=1, far=0.05, binary=False)
+    assert npz.operating_point == as_json.operating_point and npz.operating_point is not None
+    assert npz.unknown == as_json.unknown == [False, True]
+    assert npz.threshold == as_json.threshold and npz.threshold_source == "far"
 
     curve = client.roc(name, points=9)
     assert len(curve["points"]) == 9 and curve["version"] == 2400

@@ -12,6 +12,7 @@ from service.core.calibration import in_order
 from service.core.certificates.bounds import bin_inv_upper
 from service.core.normalize import normalize_rows
 from service.core.operating_points import (
+    HeldOutPairs,
     candidate_grid,
     check_operating_point,
     held_out_pairs,
@@ -80,7 +81,7 @@ def test_gaussian_target_far_001() -> None:
     point = operating_point(_pairs_of(learner), far=0.01)
     neg, pos = world.fresh_pairs(learner, 100_000)
     measured_far = float(np.mean(neg <= point.threshold))
-    assert point.far_bound <= 0.01
+    assert point.far_bound == 0.01  # the certified statement: FAR <= the target
     assert measured_far <= point.far_bound
     assert abs(point.far_estimate - measured_far) <= 0.005
     best_tar = float(np.mean(pos <= np.quantile(neg, 0.01)))
@@ -95,7 +96,7 @@ def test_frr_target_is_symmetric() -> None:
     learner.learn_many(*world.draw(12_000))
     point = operating_point(_pairs_of(learner), frr=0.05)
     _, pos = world.fresh_pairs(learner, 50_000)
-    assert point.frr_bound <= 0.05
+    assert point.frr_bound == 0.05
     assert float(np.mean(pos > point.threshold)) <= point.frr_bound
     assert point.frr_estimate <= point.frr_bound and point.far_estimate <= point.far_bound
     # the lowest false-accept rate among the certified: the next smaller grid threshold fails
@@ -103,25 +104,96 @@ def test_frr_target_is_symmetric() -> None:
     j = int(np.searchsorted(pairs.grid, point.threshold))
     smaller = pairs.grid[j - 1]
     fr = len(pairs.positives) - np.searchsorted(pairs.positives, smaller, side="right")
-    share = point.delta / (2 * point.grid)
-    assert float(bin_inv_upper(point.positives, fr, share)) > 0.05
+    assert float(bin_inv_upper(point.positives, fr, point.delta / 2)) > 0.05
+    assert point.frr_bound == 0.05  # the certified statement: FRR <= the target
 
 
-def test_bounds_are_the_union_bound_over_the_grid() -> None:
-    """The reported bounds are exactly the binomial bounds at delta / (2 |grid|): never looser
-    or tighter than the argument gives."""
+def test_target_by_fixed_sequence_other_rate_by_union_bound() -> None:
+    """For a far target: the chosen threshold is the last of the ascending grid whose single
+    bound at delta/2 is at most the target (the next one's is above), far_bound is the target
+    (the certified statement) and frr_bound is exactly the binomial bound at delta / (2 |grid|):
+    never looser or tighter than the argument gives."""
     world = Gaussian(dim=4, classes=5, separation=1.5, seed=3)
     learner = Learner(LearnerConfig(dim=4, holdout=0.3, seed=0))
     learner.learn_many(*world.draw(6000))
     pairs = _pairs_of(learner)
     point = operating_point(pairs, far=0.05, delta=0.1)
-    share = 0.1 / (2 * len(pairs.grid))
-    fa, fr = pairs.counts(np.array([point.threshold]))
-    assert point.far_bound == float(bin_inv_upper(point.negatives, fa[0], share))
-    assert point.frr_bound == float(bin_inv_upper(point.positives, fr[0], share))
-    assert point.far_estimate == fa[0] / point.negatives
+    j = int(np.searchsorted(pairs.grid, point.threshold))
+    assert pairs.grid[j] == point.threshold
+    fa, fr = pairs.counts(pairs.grid)
+    single = bin_inv_upper(point.negatives, fa, 0.1 / 2)
+    assert np.all(single[: j + 1] <= 0.05) and single[j + 1] > 0.05
+    assert point.far_bound == 0.05
+    assert point.frr_bound == float(bin_inv_upper(point.positives, fr[j], 0.1 / (2 * point.grid)))
+    assert point.far_estimate == fa[j] / point.negatives
+    assert point.frr_estimate == fr[j] / point.positives
+    assert "fixed-sequence" in point.statement and f"delta/{2 * point.grid}" in point.statement
     kl_point = operating_point(pairs, far=0.05, delta=0.1, method="kl")
-    assert kl_point.far_bound >= point.far_bound - 1e-12 or kl_point.threshold < point.threshold
+    assert kl_point.threshold <= point.threshold  # the Chernoff relaxation is looser
+    with pytest.raises(ValueError, match=r"^delta: .*method='kl'"):
+        operating_point(pairs, far=0.05, delta=0.3)  # 0.15 per rate: beyond the exact bound's
+    assert operating_point(pairs, far=0.05, delta=0.3, method="kl").far_bound == 0.05
+
+
+def _normal_cdf(x: np.ndarray) -> np.ndarray:
+    return 0.5 * np.array([math.erfc(-v / math.sqrt(2.0)) for v in np.ravel(x)])
+
+
+def test_chosen_threshold_meets_the_target_at_rate_delta() -> None:
+    """Known distances: negative pairs N(0, 1), positive pairs N(-2, 1) (as distances, only
+    their order matters), so FAR(t) = Phi(t) and FRR(t) = 1 - Phi(t + 2). A grid of 400
+    thresholds packed around the target's quantile makes selection bite: choosing the largest
+    threshold whose *estimate* is at most far exceeds the target in about half of the runs.
+    Over 1,500 seeded runs, the chosen threshold's true FAR exceeds far in at most delta/2 of
+    them, its true FRR exceeds frr_bound in at most delta/2 (plus a binomial slack of three
+    standard deviations each), and the two together in at most delta."""
+    far, delta, runs, m = 0.05, 0.2, 1500, 1000
+    rng = np.random.default_rng(2024)
+    q = -1.6448536269514722  # Phi^-1(0.05)
+    grid = np.sort(np.concatenate([[-10.0], q + np.linspace(-0.6, 0.6, 399)]))
+    true_far, true_frr = _normal_cdf(grid), 1.0 - _normal_cdf(grid + 2.0)
+    over_target = over_bound = either = naive_over = 0
+    for _ in range(runs):
+        neg, pos = np.sort(rng.normal(size=m)), np.sort(rng.normal(-2.0, 1.0, size=m))
+        pairs = HeldOutPairs(neg, pos, np.empty(0), np.empty(0), grid, 2 * m, 2, None, "squared")
+        point = operating_point(pairs, far=far, delta=delta)
+        j = int(np.searchsorted(grid, point.threshold))
+        assert point.far_bound == far and point.far_estimate <= far
+        a, b = true_far[j] > far, true_frr[j] > point.frr_bound
+        over_target, over_bound, either = over_target + a, over_bound + b, either + (a or b)
+        fa, _ = pairs.counts(grid)
+        naive = int(np.flatnonzero(fa / m <= far)[-1])
+        naive_over += bool(true_far[naive] > far)
+
+    def slack(p: float) -> float:
+        return 3.0 * math.sqrt(p * (1.0 - p) / runs)
+
+    assert naive_over / runs > 0.3  # the setting would catch a choice that ignores selection
+    assert over_target / runs <= delta / 2 + slack(delta / 2), over_target
+    assert over_bound / runs <= delta / 2 + slack(delta / 2), over_bound
+    assert either / runs <= delta + slack(delta), either
+    assert over_target > 0  # the test is near its edge, not vacuous
+
+
+def test_frr_target_meets_its_target_at_rate_delta() -> None:
+    """The mirror image for an frr target (descending thresholds): true FRR above the target
+    in at most delta/2 of the runs, true FAR above far_bound in at most delta/2."""
+    frr, delta, runs, m = 0.05, 0.2, 1000, 1000
+    rng = np.random.default_rng(7)
+    q = 1.6448536269514722 - 2.0  # FRR(t) = 1 - Phi(t + 2) = 0.05
+    grid = np.sort(np.concatenate([[10.0], q + np.linspace(-0.6, 0.6, 399)]))
+    true_far, true_frr = _normal_cdf(grid), 1.0 - _normal_cdf(grid + 2.0)
+    over_target = over_bound = 0
+    for _ in range(runs):
+        neg, pos = np.sort(rng.normal(size=m)), np.sort(rng.normal(-2.0, 1.0, size=m))
+        pairs = HeldOutPairs(neg, pos, np.empty(0), np.empty(0), grid, 2 * m, 2, None, "squared")
+        point = operating_point(pairs, frr=frr, delta=delta)
+        j = int(np.searchsorted(grid, point.threshold))
+        assert point.frr_bound == frr
+        over_target += bool(true_frr[j] > frr)
+        over_bound += bool(true_far[j] > point.far_bound)
+    slack = 3.0 * math.sqrt(0.1 * 0.9 / runs)
+    assert over_target / runs <= delta / 2 + slack and over_bound / runs <= delta / 2 + slack
 
 
 def test_grid_does_not_depend_on_the_held_out_samples() -> None:
@@ -142,9 +214,8 @@ def test_too_few_held_out_pairs_is_not_certifiable_with_needed_and_have() -> Non
         operating_point(pairs, far=0.001)
     have = info.value.have
     assert have == pairs.samples
-    # about ln(2|G|/delta)/far negative pairs, two samples each
-    share = 0.05 / (2 * len(pairs.grid))
-    expected = 2 * pairs_needed(0.001, share) - have
+    # about ln(2/delta)/far negative pairs (one test at delta/2), two samples each
+    expected = 2 * pairs_needed(0.001, 0.05 / 2) - have
     assert 0.8 * expected <= info.value.needed <= 1.25 * expected
     assert "needed" in str(info.value) or "more held-out samples" in str(info.value)
     # with that many more held-out samples (flagged), the target is certified
@@ -154,7 +225,7 @@ def test_too_few_held_out_pairs_is_not_certifiable_with_needed_and_have() -> Non
     learner2.learn_many(*world.draw(3000))
     learner2.learn_many(X, y, holdout=np.ones(more, dtype=bool))
     point = operating_point(_pairs_of(learner2), far=0.001)
-    assert point.far_bound <= 0.001
+    assert point.far_bound == 0.001
 
 
 def test_roc_is_monotone_and_bounded() -> None:

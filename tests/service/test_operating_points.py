@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from service.api.npy import npz_bytes
 from service.core import Learner, LearnerConfig
 from service.core.calibration import in_order
 from service.core.operating_points import held_out_pairs, operating_point, roc
@@ -68,12 +69,12 @@ def test_verify_by_target_equals_the_core_and_roc(api: httpx.Client, name: str) 
     for key in ("target", "threshold", "far_estimate", "far_bound", "frr_estimate",
                 "frr_bound", "negatives", "positives", "delta", "grid"):  # fmt: skip
         assert point[key] == as_json(getattr(expected, key)), key
-    assert body["threshold"] == expected.threshold and point["far_bound"] <= 0.05
+    assert body["threshold"] == expected.threshold and point["far_bound"] == 0.05
     assert body["same"] == (body["squared_distance"] <= expected.threshold)
     assert "exchangeable" in point["statement"]
 
     frr = api.post(url, json={"a": a, "b": b, "frr": 0.1}).json()
-    assert frr["threshold_source"] == "frr" and frr["operating_point"]["frr_bound"] <= 0.1
+    assert frr["threshold_source"] == "frr" and frr["operating_point"]["frr_bound"] == 0.1
     assert frr["operating_point"]["version"] == N  # from the cache: no sample since
     plain = api.post(url, json={"a": a, "b": b}).json()
     assert plain["threshold_source"] == "calibrated" and "operating_point" not in plain
@@ -172,6 +173,33 @@ def test_model_operating_point_and_open_set_identify(api: httpx.Client, name: st
     limit = many["threshold"]
     assert all(m["same"] == (m["squared_distance"] <= limit) for r in many["results"]
                for m in r["matches"])  # fmt: skip
+
+    # the binary form: an .npz body with the target in the query string, an .npz answer
+    body, npz = npz_bytes(xs=np.array([X[0], far_away])), {"Content-Type": "application/x-npz"}
+    binary = api.post(url, params={"frr": 0.2}, content=body,
+                      headers={**npz, "Accept": "application/x-npz"})  # fmt: skip
+    assert binary.status_code == 200, binary.text
+    arrays = np.load(io.BytesIO(binary.content), allow_pickle=False)
+    assert str(arrays["threshold_source"]) == "frr" and float(arrays["threshold"]) == limit
+    assert arrays["unknown"].tolist() == [False, True]
+    assert json.loads(str(arrays["operating_point"])) == many["operating_point"]
+    assert arrays["same"].tolist() == [[m["same"] for m in r["matches"]] for r in many["results"]]
+    as_json = api.post(url, params={"far": 0.05}, content=body, headers=npz).json()
+    assert as_json["threshold_source"] == "far" and as_json["operating_point"]["target"] == 0.05
+    assert [r["unknown"] for r in as_json["results"]] == [False, True]
+    plain = np.load(io.BytesIO(api.post(url, params={"threshold": 1e300}, content=body,
+                    headers={**npz, "Accept": "application/x-npz"}).content))  # fmt: skip
+    assert "operating_point" not in plain and plain["unknown"].tolist() == [False, False]
+    for params, where in (({"far": 0.5}, "far"), ({"frr": "x"}, "frr"), ({"far": 0}, "far"),
+                          ({"threshold": 1, "far": 0.1}, "far"),
+                          ({"far": 0.1, "frr": 0.1}, "frr")):  # fmt: skip
+        problem = assert_problem(api.post(url, params=params, content=body, headers=npz), 422)
+        assert problem["errors"][0]["loc"] == ["query", where], problem
+    both = assert_problem(api.post(url, params={"far": 0.1, "frr": 0.1}, content=body,
+                                   headers=npz), 422)  # fmt: skip
+    assert "threshold, far and frr" in json.dumps(both)
+    in_query = assert_problem(api.post(url, params={"far": 0.1}, json={"x": X[0].tolist()}), 422)
+    assert in_query["errors"][0]["loc"] == ["query", "far"]
 
 
 def test_brm_verify_is_certified_on_its_restricted_distance(api: httpx.Client, name: str) -> None:

@@ -19,11 +19,13 @@
   (not clipped: a caller asking for 10 matches and getting 3 would not know why). ``min_version``
   waits until the gallery is transformed to at least that version.
   Binary form: ``Content-Type: application/x-npz`` with ``np.savez(f, x=x)`` or
-  ``np.savez(f, xs=X)`` (``k`` and ``threshold`` then in the query string), and/or ``Accept:
-  application/x-npz`` for an ``.npz`` answer: ``squared_distances`` (m, k) float64, ``same``
-  (m, k) bool, ``ids`` and ``y`` (m, k) unicode (the string form of each id and label; ``y``
-  is ``""`` when an item has none), ``threshold``, ``threshold_source``, ``calibrated`` and
-  ``version`` (0-d), m = 1 for ``x``; header ``X-Version``.
+  ``np.savez(f, xs=X)`` (``k`` and one of ``threshold``, ``far``, ``frr`` then in the query
+  string, with the JSON body's rules), and/or ``Accept: application/x-npz`` for an ``.npz``
+  answer: ``squared_distances`` (m, k) float64, ``same`` (m, k) bool, ``ids`` and ``y`` (m,
+  k) unicode (the string form of each id and label; ``y`` is ``""`` when an item has none),
+  ``unknown`` (m,) bool, ``threshold``, ``threshold_source``, ``calibrated`` and ``version``
+  (0-d), and with a target ``operating_point`` (0-d unicode: its JSON object), m = 1 for
+  ``x``; header ``X-Version``.
 """
 
 from __future__ import annotations
@@ -134,11 +136,15 @@ async def answer_identify(
     accept: str | None,
     k: str | None = None,
     threshold: str | None = None,
+    far: str | None = None,
+    frr: str | None = None,
 ) -> Response:
-    """``POST .../identify`` from its raw parts (``k``, ``threshold``: the query string's,
-    read for an ``.npz`` body)."""
+    """``POST .../identify`` from its raw parts (``k``, ``threshold``, ``far``, ``frr``: the
+    query string's, read for an ``.npz`` body)."""
     settings = models.settings
-    request = parsing.identify_body(content_type, body, settings.max_body_bytes, k, threshold)
+    request = parsing.identify_body(
+        content_type, body, settings.max_body_bytes, k, threshold, far, frr
+    )
     runtime = models.get(name)
     X = parsing.query_rows(request, runtime.config.dim)
     if len(X) > settings.max_batch:
@@ -163,7 +169,7 @@ async def answer_identify(
     target = None
     if request.threshold is None:
         target = operating.target_of(request.far, request.frr, runtime.config.operating_point)
-    point = None
+    point, point_json = None, None
     if target is None:
         limit, source = verify_threshold(view.snapshot, request.threshold)
     else:
@@ -174,7 +180,7 @@ async def answer_identify(
                 "distance D_R^2, and identify decides on squared distances; give a threshold",
             )
         entry = await operating_entry(runtime, None, view.snapshot)
-        point = operating.point_of(entry, target)
+        point, point_json = operating.wire_json(entry, target)
         limit, source = point.threshold, point.kind
     decided: dict[str, Any] = {
         "version": view.version,
@@ -183,9 +189,8 @@ async def answer_identify(
         "calibrated": view.snapshot.calibration.calibrated,
     }
     if wants(accept, NPZ):
-        return Response(
-            _npz(found, values, decided), media_type=NPZ, headers={"X-Version": str(view.version)}
-        )
+        npz = _npz(found, values, decided, point_json)
+        return Response(npz, media_type=NPZ, headers={"X-Version": str(view.version)})
     if point is not None:
         decided["operating_point"] = operating.wire(point)
     if request.many:
@@ -194,25 +199,32 @@ async def answer_identify(
     return JSONResponse({**_matches(found[0], limit), **decided})
 
 
-def _npz(found: list[list[Match]], values: Any, decided: dict[str, Any]) -> bytes:
-    """The ``.npz`` answer: (m, k) arrays and the 0-d decision members (no object arrays, so
-    ``np.load(..., allow_pickle=False)`` reads it)."""
+def _npz(
+    found: list[list[Match]], values: Any, decided: dict[str, Any], point_json: str | None
+) -> bytes:
+    """The ``.npz`` answer: (m, k) arrays, ``unknown`` (m,) and the 0-d decision members; the
+    operating point, a nested object, as its JSON text (0-d unicode). No object arrays, so
+    ``np.load(..., allow_pickle=False)`` reads it."""
+    same = values <= decided["threshold"]
+    extra = {} if point_json is None else {"operating_point": np.array(point_json)}
     return npz_bytes(
         squared_distances=values,
-        same=values <= decided["threshold"],
+        same=same,
+        unknown=~same.any(axis=1),
         ids=np.array([[str(m.id) for m in ms] for ms in found], dtype=str),
         y=np.array([["" if m.y is None else str(m.y) for m in ms] for ms in found], dtype=str),
         threshold=np.float64(decided["threshold"]),
         threshold_source=np.array(decided["threshold_source"]),
         calibrated=np.bool_(decided["calibrated"]),
         version=np.int64(decided["version"]),
+        **extra,
     )
 
 
 _NPZ_DOC = (
     "JSON `{x | xs, k?, threshold?}`; or `application/x-npz`: the bytes of `np.savez(f, x=x)` "
     "(x of shape (d,)) or `np.savez(f, xs=X)` (X of shape (n, d)), float64 or float32, with "
-    "`k` and `threshold` in the query string."
+    "`k` and one of `threshold`, `far`, `frr` in the query string."
 )
 
 
@@ -223,7 +235,8 @@ _NPZ_DOC = (
         200: {
             "description": "`{matches, ...}` for x, `{results: [{matches}], ...}` for xs; with "
             "`Accept: application/x-npz`, arrays squared_distances, same, ids, y (m, k), "
-            "threshold, threshold_source, calibrated, version (0-d), and header X-Version.",
+            "unknown (m,), threshold, threshold_source, calibrated, version (0-d), with a "
+            "target operating_point (0-d, its JSON text), and header X-Version.",
             "content": {NPZ: _BINARY},
         }
     },
@@ -241,6 +254,12 @@ async def identify(
     threshold: Annotated[
         str | None, Query(description="Threshold for `same`, with an .npz body.")
     ] = None,
+    far: Annotated[
+        str | None, Query(description="Target false-accept rate in (0, 0.5), with an .npz body.")
+    ] = None,
+    frr: Annotated[
+        str | None, Query(description="Target false-reject rate in (0, 0.5), with an .npz body.")
+    ] = None,
 ) -> Response:
     """The ``k`` gallery items nearest to ``x`` (or to each row of ``xs``) under the live
     metric (Eq. 2), exactly, with ``same`` decided as ``verify`` does."""
@@ -253,4 +272,6 @@ async def identify(
         accept,
         k,
         threshold,
+        far,
+        frr,
     )

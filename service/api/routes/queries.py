@@ -130,9 +130,11 @@ def verify_answer(
     b: Any,
     threshold: float | None,
     point: OperatingPoint | None = None,
+    point_json: str = "",
 ) -> Response:
     """The answer of ``verify`` (and its ``opml_verify_decisions_total`` count); with an
-    operating ``point`` (certified for ``snap``'s metric) its threshold decides."""
+    operating ``point`` (certified for ``snap``'s metric; ``point_json``: its wire form,
+    encoded once in the cache) its threshold decides."""
     d = snap.metric.dim
     va = parsing.vector(a, d, ["body", "a"])
     vb = parsing.vector(b, d, ["body", "b"])
@@ -144,7 +146,6 @@ def verify_answer(
         limit, source = verify_threshold(snap, threshold)
     else:
         limit, source = point.threshold, point.kind
-        extra["operating_point"] = operating.wire(point)
     if snap.metric.config.algorithm == "brm":  # it decides on D_R^2 (its threshold's units)
         decided = extra["restricted_squared_distance"] = snap.metric.restricted_squared_distance(
             va, vb
@@ -162,7 +163,8 @@ def verify_answer(
             "calibrated": snap.calibration.calibrated,
             "threshold_source": source,
             "version": snap.version,
-        }
+        },
+        encoded={"operating_point": point_json} if point is not None else None,
     )
 
 
@@ -174,7 +176,8 @@ async def operating_entry(
     newest = await runtime.read(min_version)
     cache = operating.cache_of(runtime.owned_writer())
     if at is None:
-        return await cache.latest(newest, min_version)
+        entry = cache.ready(newest, min_version)  # the hot path: cached, no coroutine
+        return entry if entry is not None else await cache.latest(newest, min_version)
     return await cache.of(at, newest)
 
 
@@ -206,8 +209,8 @@ async def answer_verify(
         snap = await runtime.read(min_version)
         return verify_answer(runtime, snap, parsed.a, parsed.b, parsed.threshold)
     entry = await operating_entry(runtime, min_version)
-    point = operating.point_of(entry, target)
-    return verify_answer(runtime, entry.snapshot, parsed.a, parsed.b, None, point)
+    point, point_json = operating.wire_json(entry, target)
+    return verify_answer(runtime, entry.snapshot, parsed.a, parsed.b, None, point, point_json)
 
 
 _NPZ_DOC = (

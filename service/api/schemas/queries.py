@@ -74,12 +74,19 @@ class OperatingPointOut(BaseModel):
     target: float
     threshold: float = Field(description="same <=> distance <= threshold.")
     far_estimate: float = Field(description="False accepts among the held-out negative pairs.")
-    far_bound: float = Field(description="Upper confidence bound on the false-accept rate.")
+    far_bound: float = Field(
+        description="Certified upper bound on the false-accept rate (a far target: the target)."
+    )
     frr_estimate: float
-    frr_bound: float
+    frr_bound: float = Field(
+        description="Certified upper bound on the false-reject rate (an frr target: the target)."
+    )
     negatives: int = Field(description="Disjoint held-out negative pairs evaluated.")
     positives: int = Field(description="Disjoint held-out positive pairs evaluated.")
-    delta: float = Field(description="All bounds of the grid hold together w.p. >= 1 - delta.")
+    delta: float = Field(
+        description="Both bounds hold together w.p. >= 1 - delta (delta/2 for the target's "
+        "rate by a fixed-sequence test, delta/2 for the other by a union bound over the grid)."
+    )
     version: int | None = Field(description="The version whose metric is certified.")
     method: str
     grid: int = Field(description="Candidate thresholds (fixed from the calibration window).")
