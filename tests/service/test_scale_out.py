@@ -39,8 +39,6 @@ def services(tmp_path: Path) -> Iterator[list[ServiceProcess]]:
         svc.close()
 
 
-
-
 def scrape(svc: ServiceProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     text = httpx.get(f"{svc.url}/metrics", timeout=10).text
     return {
