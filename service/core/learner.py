@@ -91,6 +91,7 @@ from service.core.view import MetricQueries, MetricView
 from service.core.within import (
     WithinClass,
     apply,
+    discriminant,
     fisher,
     measured_batch,
     next_refresh,
@@ -372,7 +373,8 @@ class Learner(MetricQueries):
             if L is not None and np.isfinite(L).all():
                 tracks.set_metric(L)
         else:
-            W = whitening(stats, shrinkage)
+            form = discriminant if cfg.precondition == "discriminant" else whitening
+            W = form(stats, shrinkage)
             if W is None or not np.isfinite(W).all():
                 return
             if self._W is None:  # the first W: L (I unless set) now acts on W x
