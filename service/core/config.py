@@ -85,14 +85,15 @@ STEP_VALUES: dict[str, tuple[str, ...]] = {
 }
 STEP_VALUES["lda"] = ()
 #: The within-class statistics' settings (:mod:`service.core.within`), used by ``lda`` and by
-#: ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): refresh every ``refresh`` learned
-#: samples (1 ... 1,000,000; each refresh is O(d^3)), shrinkage in [0, 1] (0 = none).
+#: ``precondition="whiten"`` / ``"discriminant"`` (``opml``, ``copml``, ``sgd``): refresh every
+#: ``refresh`` learned samples (1 ... 1,000,000; each refresh is O(d^3)), shrinkage in [0, 1]
+#: (0 = none).
 WITHIN_DEFAULTS: dict[str, Any] = {"refresh": 1000, "shrinkage": 0.0}
 #: ``gamma``'s default (``step="scaled"``) under ``precondition="discriminant"``: the steps start
 #: from a metric already close to the batch discriminant one, and refine it rather than build
 #: it, so they are a fifth of the plain default (``benchmarks/results/batch_compare.md``).
 DISCRIMINANT_GAMMA = 0.01
-#: The algorithms ``precondition="whiten"`` applies to.
+#: The algorithms a ``precondition`` applies to.
 WHITENED_ALGORITHMS = ("opml", "copml", "sgd")
 #: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).
 GRADIENT_GAMMA_PAIR = 1e-2
@@ -136,7 +137,9 @@ class LearnerConfig:
     pass over the stream, at ``1 + rehearsal`` times the CPU (:mod:`service.core.rehearsal`).
     ``algorithm="lda"`` serves Fisher's discriminant metric from within-class statistics kept
     online, ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``; not with rehearsal) learns
-    on within-class whitened inputs and serves ``L W``; both refresh every ``refresh`` learned
+    on within-class whitened inputs and serves ``L W``, ``precondition="discriminant"`` the
+    same on discriminant-weighted inputs (its ``gamma`` defaults to 0.01:
+    :data:`DISCRIMINANT_GAMMA`); both refresh every ``refresh`` learned
     samples (default 1,000; 1 ... 1,000,000) with ``shrinkage`` in [0, 1] (default 0)
     (:mod:`service.core.within`).
 

@@ -25,9 +25,10 @@ Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and g
   not move between refreshes), which feeds the verification calibrator; the calibrator's
   window spans refreshes, so right after one it mixes distances of two metrics.
 
-``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): the learner learns its ``L`` by its own
-rule on ``W x`` and serves ``L W`` (:attr:`Learner.L`, every query, snapshot and certificate);
-how ``W`` arrives and how a refresh carries ``L`` over: :mod:`service.core.within`.
+``precondition="whiten"`` or ``"discriminant"`` (``opml``, ``copml``, ``sgd``): the learner
+learns its ``L`` by its own rule on ``W x`` and serves ``L W`` (:attr:`Learner.L`, every query,
+snapshot and certificate), ``W`` the within-class whitening or the discriminant weighting; how
+``W`` arrives and how a refresh carries ``L`` over: :mod:`service.core.within`.
 
 ``step`` is one field whose values depend on the algorithm: ``"scaled"`` (default) or
 ``"paper"`` for ``opml`` / ``copml``, ``"constant"``, ``"descent"`` (default) or ``"invsqrt"`` for
@@ -356,7 +357,10 @@ class Learner(MetricQueries):
             end = min(n, start + point - self._trained())
             parts.append(self._learn_part(X[start:end], keys[start:end]))
             if self._trained() == point:
-                self._refresh()
+                # O(d^3) on matrices of at most a few hundred rows: one BLAS thread is as
+                # fast idle and much faster on a busy machine (as for the steps).
+                with blas().limit(limits=1, user_api="blas"):
+                    self._refresh()
             start = end
         if len(parts) == 1:
             return parts[0]

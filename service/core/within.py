@@ -1,4 +1,4 @@
-"""Within-class statistics, online: the LDA learner and the whitening preconditioner.
+"""Within-class statistics, online: the LDA learner and the whitening preconditioners.
 
 :class:`WithinClass` keeps, for every class ``k``, its count ``n_k`` and running mean ``m_k``,
 and the pooled within-class scatter ``S_W = sum_k sum_{i in k} (x_i - m_k)(x_i - m_k)^T``. A
@@ -28,7 +28,13 @@ O(d^3 / refresh) per sample amortised, next to the O(d^2) of the statistics):
   by a Cholesky factor ``Sigma_W = C C^T`` and a symmetric eigenproblem of
   ``C^{-1} S_B C^{-T}``;
 * :func:`whitening`: the symmetric inverse square root ``W = Sigma_W^{-1/2}``, under which the
-  within-class covariance is the identity (the preconditioner of ``precondition="whiten"``).
+  within-class covariance is the identity (the preconditioner of ``precondition="whiten"``);
+* :func:`discriminant`: the symmetric root of ``Sigma_W^{-1} - (1 - epsilon) Sigma_T^{-1}``
+  (``Sigma_T`` the total covariance), which weights each discriminant direction by the share
+  of its variance that lies between classes, and every other direction by a small floor
+  ``epsilon`` (the preconditioner of ``precondition="discriminant"``). Whitening weights all
+  directions alike, and with ``K - 1`` well below ``d`` the ``d - K + 1`` directions without
+  between-class variance then dominate every distance.
 
 Directions in which no sample varies at all (a constant feature, an exact linear relation
 between features) are left out: both are computed on the range of the total scatter, and ``L``
@@ -37,16 +43,17 @@ than dimensions and classes, or a direction that varies only between classes) an
 is 0, a refresh returns ``None`` and the learner keeps its metric: an inverse of a singular
 covariance would blow up the directions the stream has not varied in yet.
 
-The learner's use of ``W`` (``precondition="whiten"``: ``opml``, ``copml``, ``sgd``): the learner
-keeps the same statistics and learns its ``L`` by its own rule on ``W x``, ``W`` the
-within-class whitening above (identity until the first refresh that finds the pooled covariance
-definite). The served ``L`` (:attr:`Learner.L`, every query, snapshot and certificate) is the
-effective ``L W``. Until the first refresh that finds the pooled covariance definite there is
-no ``W`` (it needs a definite covariance from at least ten samples per dimension,
-:data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the statistics and the
-buffer, and are measured as ``lda``'s
-are (``L = I`` is served, or a metric set by :meth:`Learner.set_metric`); at that refresh
-``W`` arrives and the served metric becomes ``L W`` (the whitened Euclidean distance by
+The learner's use of ``W`` (``precondition="whiten"`` or ``"discriminant"``: ``opml``,
+``copml``, ``sgd``): the learner keeps the same statistics and learns its ``L`` by its own rule
+on ``W x``, ``W`` the within-class whitening or the discriminant weighting above (identity until
+the first refresh that finds the pooled covariance definite); both are symmetric and definite,
+which is all the carry-over below needs. The served ``L`` (:attr:`Learner.L`, every query,
+snapshot and certificate) is the effective ``L W``. Until the first refresh that finds the
+pooled covariance definite there is no ``W`` (it needs a definite covariance from at least ten
+samples per dimension, :data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the
+statistics and the buffer, and are measured as ``lda``'s are (``L = I`` is served, or a metric
+set by :meth:`Learner.set_metric`); at that refresh ``W`` arrives and the served metric becomes
+``L W`` (the whitened, or discriminant-weighted, Euclidean distance by
 default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there.
 Every later refresh ``W -> W'`` sets ``L <- L W W'^{-1}`` and turns the buffer rows ``W h``
 into ``W' h``, so the served metric does not jump: the refresh changes the coordinates the
