@@ -304,17 +304,17 @@ def targets(rows: list[dict[str, Any]], sets: Any, methods: Any) -> list[str]:
         f"Targets, `{RECOMMENDED}` (AUC at least max({', '.join(batch)}) - 0.005; 5-NN error at "
         "most Euclidean's + 0.5 points):",
         "",
-        "| set | AUC | target | 5-NN % | target | met |",
-        "|---|---|---|---|---|---|",
+        "| set | AUC | target | met | 5-NN % | target | met |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in sets:
         auc = _mean(rows, name, RECOMMENDED, "auc")
         need = max(_mean(rows, name, m, "auc") for m in batch) - 0.005
         knn = 100 * _mean(rows, name, RECOMMENDED, "knn_error")
         bound = 100 * _mean(rows, name, "Euclidean", "knn_error") + 0.5
-        met = ("AUC " if auc >= need else "") + ("5-NN" if knn <= bound else "")
+        auc_met, knn_met = ("yes" if ok else "no" for ok in (auc >= need, knn <= bound))
         lines.append(
-            f"| {name} | {auc:.3f} | {need:.3f} | {knn:.2f} | {bound:.2f} | {met or 'neither'} |"
+            f"| {name} | {auc:.4f} | {need:.4f} | {auc_met} | {knn:.2f} | {bound:.2f} | {knn_met} |"
         )
     if BASELINE in methods:
         ours = float(np.mean([r["cpu_s"] for r in rows if r["method"] == RECOMMENDED]))
