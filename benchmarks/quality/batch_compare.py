@@ -8,10 +8,10 @@ error rate over all pairs of test points (same class = positive), and the 5-NN e
 test rows against the training rows; and the CPU seconds of the fit (``time.process_time``).
 
 Methods: Euclidean (z-scored), the service's learners (COPML defaults, ``gamma: "auto"``, the
-whitened variants, ``lda``), scikit-learn's LDA (its default ``svd`` solver, which copes with
-constant features) and NCA, metric-learn's ITML and LMNN; the four batch learners other than
-LDA are fitted on at most 5,000 training rows (a time box; ``--batch-rows``) and skipped with
-``--quick``.
+whitened and discriminant-weighted variants, ``lda``), scikit-learn's LDA (its default ``svd``
+solver, which copes with constant features) and NCA, metric-learn's ITML and LMNN; the four
+batch learners other than LDA are fitted on at most 5,000 training rows (a time box;
+``--batch-rows``) and skipped with ``--quick``.
 
 Targets (from the issue that asked for this comparison; means over seeds): the recommended
 configuration at or above max(LDA, ITML) - 0.005 verification AUC on every set, its 5-NN error at
@@ -23,6 +23,7 @@ ships with scikit-learn). Run from the repository root::
 
     python -m benchmarks.quality.batch_compare            # 5 sets x 3 seeds, every method
     python -m benchmarks.quality.batch_compare --quick    # 2 sets, 1 seed, ours + LDA
+    python -m benchmarks.quality.batch_compare --no-slow --keep-slow  # keep NCA/ITML/LMNN rows
 
 Writes ``benchmarks/results/batch_compare.{json,md}`` (``--quick``: ``results/quick/``).
 """
