@@ -164,18 +164,19 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
     )
     create.add_argument(
         "--precondition",
-        choices=["none", "whiten"],
-        help="opml/copml/sgd: whiten learns on within-class whitened inputs and serves L W",
+        choices=["none", "whiten", "discriminant"],
+        help="opml/copml/sgd: learn on within-class whitened (whiten) or discriminant-weighted "
+        "inputs and serve L W",
     )
     create.add_argument(
         "--refresh",
         type=int,
-        help="lda, --precondition whiten: samples between refreshes (default 1000; O(d^3) each)",
+        help="lda, --precondition: samples between refreshes (default 1000; O(d^3) each)",
     )
     create.add_argument(
         "--shrinkage",
         type=float,
-        help="lda, --precondition whiten: covariance shrinkage in [0, 1] (default 0)",
+        help="lda, --precondition: covariance shrinkage in [0, 1] (default 0)",
     )
     create.add_argument(
         "--holdout", type=float, help="fraction in [0, 0.5] of samples held out (never learned)"

@@ -64,8 +64,8 @@ def estimator_for(model: Model, L: Array) -> Estimator:
     if model.algorithm == "lda":
         params["refresh"] = int(model.raw.get("refresh") or 1000)
         params["shrinkage"] = float(model.raw.get("shrinkage") or 0.0)
-    # precondition "whiten": the estimator holds the served L W as its L (queries answer the
-    # same); a later partial_fit continues it without whitening.
+    # a precondition ("whiten", "discriminant"): the estimator holds the served L W as its L
+    # (queries answer the same); a later partial_fit continues it without the preconditioner.
     estimator = cls(**params, random_state=model.seed)
     config = LearnerConfig(
         dim=model.dim,

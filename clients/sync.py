@@ -349,9 +349,10 @@ class OPMLClient:
         ``mu`` to the first two; for ``brm``, ``margin`` is tau < 1 (the ranges are in
         docs/guides/algorithms.md). ``algorithm="lda"`` serves Fisher's discriminant metric,
         refreshed every ``refresh`` samples (an option, like ``shrinkage``);
-        ``precondition="whiten"`` (an option; opml, copml, sgd) learns on within-class whitened
-        inputs. A hyperparameter, or a ``step`` value, the algorithm does not use is refused
-        (:class:`~clients.errors.InvalidInput`, naming it). ``options`` passes members the
+        ``precondition="whiten"`` or ``"discriminant"`` (an option; opml, copml, sgd) learns on
+        within-class whitened or discriminant-weighted inputs. A hyperparameter, or a ``step``
+        value, the algorithm does not use is refused (:class:`~clients.errors.InvalidInput`,
+        naming it). ``options`` passes members the
         service accepts beyond the contract (e.g. ``calibration_window``).
         """
         hyper = dict(

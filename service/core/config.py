@@ -26,7 +26,7 @@ StepRule = Literal["constant", "descent", "invsqrt"]
 #: ``step`` of any algorithm: the OPML/COPML unit rules or the gradient learners' schedules.
 Step = steps.Step | StepRule
 Normalize = Literal["none", "l2"]
-Precondition = Literal["none", "whiten"]
+Precondition = Literal["none", "whiten", "discriminant"]
 
 #: Each algorithm's own hyperparameters and their defaults. A field missing from an
 #: algorithm's row is not used by it: it stays ``None`` and setting it is a ValueError
@@ -85,10 +85,15 @@ STEP_VALUES: dict[str, tuple[str, ...]] = {
 }
 STEP_VALUES["lda"] = ()
 #: The within-class statistics' settings (:mod:`service.core.within`), used by ``lda`` and by
-#: ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): refresh every ``refresh`` learned
-#: samples (1 ... 1,000,000; each refresh is O(d^3)), shrinkage in [0, 1] (0 = none).
+#: ``precondition="whiten"`` / ``"discriminant"`` (``opml``, ``copml``, ``sgd``): refresh every
+#: ``refresh`` learned samples (1 ... 1,000,000; each refresh is O(d^3)), shrinkage in [0, 1]
+#: (0 = none).
 WITHIN_DEFAULTS: dict[str, Any] = {"refresh": 1000, "shrinkage": 0.0}
-#: The algorithms ``precondition="whiten"`` applies to.
+#: ``gamma``'s default (``step="scaled"``) under ``precondition="discriminant"``: the steps start
+#: from a metric already close to the batch discriminant one, and refine it rather than build
+#: it, so they are a fifth of the plain default (``benchmarks/results/batch_compare.md``).
+DISCRIMINANT_GAMMA = 0.01
+#: The algorithms a ``precondition`` applies to.
 WHITENED_ALGORITHMS = ("opml", "copml", "sgd")
 #: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).
 GRADIENT_GAMMA_PAIR = 1e-2
@@ -132,7 +137,9 @@ class LearnerConfig:
     pass over the stream, at ``1 + rehearsal`` times the CPU (:mod:`service.core.rehearsal`).
     ``algorithm="lda"`` serves Fisher's discriminant metric from within-class statistics kept
     online, ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``; not with rehearsal) learns
-    on within-class whitened inputs and serves ``L W``; both refresh every ``refresh`` learned
+    on within-class whitened inputs and serves ``L W``, ``precondition="discriminant"`` the
+    same on discriminant-weighted inputs (its ``gamma`` defaults to 0.01:
+    :data:`DISCRIMINANT_GAMMA`); both refresh every ``refresh`` learned
     samples (default 1,000; 1 ... 1,000,000) with ``shrinkage`` in [0, 1] (default 0)
     (:mod:`service.core.within`).
 
@@ -237,9 +244,10 @@ class LearnerConfig:
         """OPML / COPML: the step rule's units, defaults and ranges (:mod:`service.core.steps`)."""
         self._refuse(("eta", "mu", "kappa", "lam"), f"algorithm {self.algorithm!r}")
         margin = defaults["margin"] if self.margin is BY_ALGORITHM else self.margin
-        step, gamma, gamma_pair, margin = steps.resolve(
-            self.step, self.gamma, self.gamma_pair, margin
-        )
+        gamma: Any = self.gamma
+        if gamma is None and self.precondition == "discriminant" and self.step in (None, "scaled"):
+            gamma = DISCRIMINANT_GAMMA
+        step, gamma, gamma_pair, margin = steps.resolve(self.step, gamma, self.gamma_pair, margin)
         object.__setattr__(self, "step", step)
         object.__setattr__(self, "gamma", gamma)
         object.__setattr__(self, "gamma_pair", gamma_pair)
@@ -253,18 +261,20 @@ class LearnerConfig:
     @property
     def within(self) -> bool:
         """Whether the learner keeps within-class statistics (``lda`` or whitening)."""
-        return self.algorithm == "lda" or self.precondition == "whiten"
+        return self.algorithm == "lda" or self.precondition != "none"
 
     def _resolve_within(self) -> None:
         """``precondition``, ``refresh`` and ``shrinkage`` (:mod:`service.core.within`)."""
-        if self.precondition not in ("none", "whiten"):
-            raise ValueError(f"precondition: must be 'none' or 'whiten', got {self.precondition!r}")
-        if self.precondition == "whiten":
+        if self.precondition not in ("none", "whiten", "discriminant"):
+            allowed = "'none', 'whiten' or 'discriminant'"
+            raise ValueError(f"precondition: must be {allowed}, got {self.precondition!r}")
+        if self.precondition != "none":
+            name = repr(self.precondition)
             if self.algorithm not in WHITENED_ALGORITHMS:
                 where = f"algorithm {self.algorithm!r}"
-                raise ValueError(f"precondition: 'whiten' is for opml, copml and sgd, not {where}")
+                raise ValueError(f"precondition: {name} is for opml, copml and sgd, not {where}")
             if self.rehearsal:
-                raise ValueError("rehearsal: not used with precondition 'whiten'")
+                raise ValueError(f"rehearsal: not used with precondition {name}")
         if not self.within:
             self._refuse(("refresh", "shrinkage"), "precondition 'none'")
             return

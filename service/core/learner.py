@@ -25,9 +25,10 @@ Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and g
   not move between refreshes), which feeds the verification calibrator; the calibrator's
   window spans refreshes, so right after one it mixes distances of two metrics.
 
-``precondition="whiten"`` (``opml``, ``copml``, ``sgd``): the learner learns its ``L`` by its own
-rule on ``W x`` and serves ``L W`` (:attr:`Learner.L`, every query, snapshot and certificate);
-how ``W`` arrives and how a refresh carries ``L`` over: :mod:`service.core.within`.
+``precondition="whiten"`` or ``"discriminant"`` (``opml``, ``copml``, ``sgd``): the learner
+learns its ``L`` by its own rule on ``W x`` and serves ``L W`` (:attr:`Learner.L`, every query,
+snapshot and certificate), ``W`` the within-class whitening or the discriminant weighting; how
+``W`` arrives and how a refresh carries ``L`` over: :mod:`service.core.within`.
 
 ``step`` is one field whose values depend on the algorithm: ``"scaled"`` (default) or
 ``"paper"`` for ``opml`` / ``copml``, ``"constant"``, ``"descent"`` (default) or ``"invsqrt"`` for
@@ -91,6 +92,7 @@ from service.core.view import MetricQueries, MetricView
 from service.core.within import (
     WithinClass,
     apply,
+    discriminant,
     fisher,
     measured_batch,
     next_refresh,
@@ -355,7 +357,10 @@ class Learner(MetricQueries):
             end = min(n, start + point - self._trained())
             parts.append(self._learn_part(X[start:end], keys[start:end]))
             if self._trained() == point:
-                self._refresh()
+                # O(d^3) on matrices of at most a few hundred rows: one BLAS thread is as
+                # fast idle and much faster on a busy machine (as for the steps).
+                with blas().limit(limits=1, user_api="blas"):
+                    self._refresh()
             start = end
         if len(parts) == 1:
             return parts[0]
@@ -372,7 +377,8 @@ class Learner(MetricQueries):
             if L is not None and np.isfinite(L).all():
                 tracks.set_metric(L)
         else:
-            W = whitening(stats, shrinkage)
+            form = discriminant if cfg.precondition == "discriminant" else whitening
+            W = form(stats, shrinkage)
             if W is None or not np.isfinite(W).all():
                 return
             if self._W is None:  # the first W: L (I unless set) now acts on W x

@@ -181,7 +181,7 @@ def _load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dic
     if learner._within is not None:
         learner._within.restore(arrays, len(classes))
     if "whitening" in arrays:  # absent: no W yet (or no precondition)
-        if learner.config.precondition != "whiten":
+        if learner.config.precondition == "none":
             raise ValueError("state: whitening does not match precondition")
         W = check_matrix(np.asarray(arrays["whitening"]), d, "whitening")
         if W.shape != (d, d):

@@ -1,4 +1,4 @@
-"""Within-class statistics, online: the LDA learner and the whitening preconditioner.
+"""Within-class statistics, online: the LDA learner and the whitening preconditioners.
 
 :class:`WithinClass` keeps, for every class ``k``, its count ``n_k`` and running mean ``m_k``,
 and the pooled within-class scatter ``S_W = sum_k sum_{i in k} (x_i - m_k)(x_i - m_k)^T``. A
@@ -28,7 +28,13 @@ O(d^3 / refresh) per sample amortised, next to the O(d^2) of the statistics):
   by a Cholesky factor ``Sigma_W = C C^T`` and a symmetric eigenproblem of
   ``C^{-1} S_B C^{-T}``;
 * :func:`whitening`: the symmetric inverse square root ``W = Sigma_W^{-1/2}``, under which the
-  within-class covariance is the identity (the preconditioner of ``precondition="whiten"``).
+  within-class covariance is the identity (the preconditioner of ``precondition="whiten"``);
+* :func:`discriminant`: the symmetric root of ``Sigma_W^{-1} - (1 - epsilon) Sigma_T^{-1}``
+  (``Sigma_T`` the total covariance), which weights each discriminant direction by the share
+  of its variance that lies between classes, and every other direction by a small floor
+  ``epsilon`` (the preconditioner of ``precondition="discriminant"``). Whitening weights all
+  directions alike, and with ``K - 1`` well below ``d`` the ``d - K + 1`` directions without
+  between-class variance then dominate every distance.
 
 Directions in which no sample varies at all (a constant feature, an exact linear relation
 between features) are left out: both are computed on the range of the total scatter, and ``L``
@@ -37,16 +43,17 @@ than dimensions and classes, or a direction that varies only between classes) an
 is 0, a refresh returns ``None`` and the learner keeps its metric: an inverse of a singular
 covariance would blow up the directions the stream has not varied in yet.
 
-The learner's use of ``W`` (``precondition="whiten"``: ``opml``, ``copml``, ``sgd``): the learner
-keeps the same statistics and learns its ``L`` by its own rule on ``W x``, ``W`` the
-within-class whitening above (identity until the first refresh that finds the pooled covariance
-definite). The served ``L`` (:attr:`Learner.L`, every query, snapshot and certificate) is the
-effective ``L W``. Until the first refresh that finds the pooled covariance definite there is
-no ``W`` (it needs a definite covariance from at least ten samples per dimension,
-:data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the statistics and the
-buffer, and are measured as ``lda``'s
-are (``L = I`` is served, or a metric set by :meth:`Learner.set_metric`); at that refresh
-``W`` arrives and the served metric becomes ``L W`` (the whitened Euclidean distance by
+The learner's use of ``W`` (``precondition="whiten"`` or ``"discriminant"``: ``opml``,
+``copml``, ``sgd``): the learner keeps the same statistics and learns its ``L`` by its own rule
+on ``W x``, ``W`` the within-class whitening or the discriminant weighting above (identity until
+the first refresh that finds the pooled covariance definite); both are symmetric and definite,
+which is all the carry-over below needs. The served ``L`` (:attr:`Learner.L`, every query,
+snapshot and certificate) is the effective ``L W``. Until the first refresh that finds the
+pooled covariance definite there is no ``W`` (it needs a definite covariance from at least ten
+samples per dimension, :data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the
+statistics and the buffer, and are measured as ``lda``'s are (``L = I`` is served, or a metric
+set by :meth:`Learner.set_metric`); at that refresh ``W`` arrives and the served metric becomes
+``L W`` (the whitened, or discriminant-weighted, Euclidean distance by
 default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there.
 Every later refresh ``W -> W'`` sets ``L <- L W W'^{-1}`` and turns the buffer rows ``W h``
 into ``W' h``, so the served metric does not jump: the refresh changes the coordinates the
@@ -97,7 +104,8 @@ SUPPORT = 1e-10
 @njit(cache=True, nogil=True, error_model="numpy")
 def _accumulate(rows: Array, slots: Any, counts: Array, means: Array, scatter: Array) -> None:
     """Welford's recurrence for each row in order (module docstring); ``scatter`` is kept
-    symmetric by updating its upper triangle and mirroring it."""
+    symmetric by updating its upper triangle and mirroring it once per call (each entry's
+    sum is the same per-row sequence however the rows are batched)."""
     n, d = rows.shape
     delta = np.empty(d)
     for t in range(n):
@@ -111,20 +119,23 @@ def _accumulate(rows: Array, slots: Any, counts: Array, means: Array, scatter: A
             after = rows[t, i] - means[k, i]
             for j in range(i, d):
                 scatter[i, j] += delta[j] * after
-        for i in range(d):
-            for j in range(i + 1, d):
-                scatter[j, i] = scatter[i, j]
+    for i in range(d):
+        for j in range(i + 1, d):
+            scatter[j, i] = scatter[i, j]
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _apply(rows: Array, W: Array, out: Array) -> None:
+    # Row by row, each entry summed over i in ascending order (the inner loop runs along
+    # contiguous rows of W, so it vectorises).
     n, d = rows.shape
     for t in range(n):
         for j in range(d):
-            acc = 0.0
-            for i in range(d):
-                acc += rows[t, i] * W[i, j]
-            out[t, j] = acc
+            out[t, j] = 0.0
+        for i in range(d):
+            a = rows[t, i]
+            for j in range(d):
+                out[t, j] += a * W[i, j]
 
 
 def apply(rows: Array, W: Array) -> Array:
@@ -365,6 +376,51 @@ def whitening(stats: WithinClass, shrinkage: float) -> Array | None:
     out: Array = P @ ((vectors / np.sqrt(values)) @ vectors.T) @ P.T
     if P.shape[1] < stats.dim:  # no sample varies there: any invertible scale will do
         out += (np.eye(stats.dim) - P @ P.T) / np.sqrt(float(values.mean()))
+    return 0.5 * (out + out.T)
+
+
+#: ``precondition="discriminant"``'s floor ``epsilon``: the weight of a direction with no
+#: between-class variance, next to ``lambda / (1 + lambda)`` (at most 1) for one with Fisher
+#: ratio ``lambda``. Small enough that such directions barely count in a distance (with ``d - K
+#: + 1`` of them, their noise would swamp the ``K - 1`` discriminant ones), large enough that the
+#: metric stays definite and the learner can still grow them.
+DISCRIMINANT_FLOOR = 0.01
+
+
+def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:
+    """``D = M^{1/2}`` (symmetric, definite) for ``M = Sigma_W^{-1} - (1 - epsilon)
+    Sigma_T^{-1}``, ``Sigma_T = Sigma_W + Sigma_B`` the total covariance (``Sigma_B = S_B / (n -
+    K)``, the same normalisation as ``Sigma_W``) and ``epsilon`` :data:`DISCRIMINANT_FLOOR`; None
+    when :func:`whitening` is.
+
+    In whitened coordinates (``W = Sigma_W^{-1/2}``, ``W Sigma_B W = U diag(lambda) U^T``,
+    ``lambda`` the Fisher ratios of the discriminant directions, Eq. (2) of Fisher's criterion
+    ``v^T S_B v / v^T S_W v``), ``Sigma_T`` becomes ``I + W Sigma_B W`` and ``M = W U diag((lambda +
+    epsilon) / (1 + lambda)) U^T W``: each discriminant direction weighted by the share of its
+    variance that lies between classes. ``epsilon = 0`` spans LDA's ``K - 1`` directions with
+    these weights instead of LDA's equal ones (when ``K - 1 >= d``, LDA's metric is the
+    whitened Euclidean one and this one is not); ``epsilon = 1`` is the whitening. O(d^3).
+
+    >>> stats = WithinClass(dim=2)
+    >>> rows = [[0.0, 0.0], [4.0, 0.0], [0.0, 1.0], [4.0, 1.0]]  # class 0; class 1 is 5 higher
+    >>> stats.observe(np.array(rows * 5 + [[a, b + 5.0] for a, b in rows] * 5),
+    ...               np.array([0] * 20 + [1] * 20))
+    >>> M = discriminant(stats, 0.0) @ discriminant(stats, 0.0)
+    >>> bool(M[1, 1] > 100 * M[0, 0]), bool(abs(M[0, 1]) < 1e-12)  # the means differ along y
+    (True, True)
+    """
+    W = whitening(stats, shrinkage)
+    if W is None:
+        return None
+    n, k = stats.n_samples, stats.n_classes
+    B = W @ (stats.between() / (n - k)) @ W
+    ratios, U = np.linalg.eigh(0.5 * (B + B.T))
+    ratios = np.maximum(ratios, 0.0)  # rounding below zero in directions with none
+    weights = (ratios + DISCRIMINANT_FLOOR) / (1.0 + ratios)
+    # M^{1/2} = W U diag(sqrt w) U^T W's symmetric root: eigh of M itself.
+    M = W @ ((U * weights) @ U.T) @ W
+    values, vectors = np.linalg.eigh(0.5 * (M + M.T))
+    out: Array = (vectors * np.sqrt(np.maximum(values, 0.0))) @ vectors.T
     return 0.5 * (out + out.T)
 
 

@@ -420,6 +420,10 @@ def test_models_create_lda_and_whitened(service: ServiceProcess, name: str) -> N
         service, "models", "create", f"{name}-w", "--dim", "3", "--precondition", "whiten"
     )
     assert (white["precondition"], white["refresh"], white["shrinkage"]) == ("whiten", 1000, 0.0)
+    weighted = ok_json(
+        service, "models", "create", f"{name}-d", "--dim", "3", "--precondition", "discriminant"
+    )
+    assert (weighted["precondition"], weighted["gamma"]) == ("discriminant", 0.01)
     refused = opml(
         service, "models", "create", f"{name}-x", "--dim", "3", "--algorithm", "brm",
         "--precondition", "whiten",

@@ -24,6 +24,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "lda": {"algorithm": "lda", "refresh": 90, "shrinkage": 0.05},
     "opml-whiten": {"algorithm": "opml", "precondition": "whiten", "refresh": 70},
     "sgd-whiten": {"algorithm": "sgd", "precondition": "whiten", "refresh": 100, "eta": 0.01},
+    "copml-discriminant": {"algorithm": "copml", "precondition": "discriminant", "refresh": 80},
 }
 
 
@@ -81,6 +82,12 @@ def test_defaults_shown_in_the_model_document(api: httpx.Client, name: str) -> N
     assert (plain["refresh"], plain["shrinkage"], plain["precondition"]) == (None, None, "none")
     white = make_model(api, f"{name}-w", 3, algorithm="copml", precondition="whiten")
     assert (white["refresh"], white["shrinkage"]) == (1000, 0.0)
+    weighted = make_model(api, f"{name}-d", 3, precondition="discriminant")
+    assert (weighted["precondition"], weighted["gamma"], weighted["refresh"]) == (
+        "discriminant",
+        0.01,
+        1000,
+    )
 
 
 @pytest.mark.parametrize(
@@ -94,6 +101,7 @@ def test_defaults_shown_in_the_model_document(api: httpx.Client, name: str) -> N
         ({"algorithm": "opml", "precondition": "pca"}, "precondition"),
         ({"algorithm": "opml", "refresh": 10}, "refresh"),  # without whitening: unused
         ({"algorithm": "opml", "precondition": "whiten", "rehearsal": 2}, "rehearsal"),
+        ({"algorithm": "lda", "precondition": "discriminant"}, "precondition"),
     ],
 )
 def test_out_of_range_fields_are_422_naming_the_field(
@@ -115,6 +123,7 @@ def test_to_sklearn_of_lda_and_whitened_models_answers_as_the_service(
         for suffix, config in (
             ("l", {"algorithm": "lda", "refresh": 100}),
             ("w", {"algorithm": "opml", "precondition": "whiten"}),
+            ("d", {"algorithm": "copml", "precondition": "discriminant"}),
         ):
             model = f"{name}-{suffix}"
             make_model(api, model, 4, seed=1, **config)

@@ -81,16 +81,18 @@ class ModelCreate(_Body):
         description="opml/copml: the rehearsal reservoir's size in samples (default 1000; "
         "rehearsal_memory x d float64 in memory and in every checkpoint). Not used by the others.",
     )
-    precondition: Literal["none", "whiten"] | None = Field(
+    precondition: Literal["none", "whiten", "discriminant"] | None = Field(
         default=None,
         description='opml/copml/sgd: "whiten" learns L on W x, W the within-class whitening '
-        'kept online, and serves L W (default "none"; not combined with rehearsal).',
+        'kept online, and serves L W; "discriminant" does the same with W the root of '
+        "Sigma_W^-1 - 0.99 Sigma_T^-1, which weights each discriminant direction by its "
+        'between-class share (default "none"; not combined with rehearsal).',
     )
     refresh: StrictInt | None = Field(
         default=None,
         ge=1,
         le=1_000_000,
-        description='lda, and precondition "whiten": learned samples between two refreshes of '
+        description="lda, and a precondition: learned samples between two refreshes of "
         "the metric (lda) or of W from the within-class statistics (default 1000; each is "
         "O(d^3)). Not used by the others.",
     )
@@ -99,7 +101,7 @@ class ModelCreate(_Body):
         ge=0,
         le=1,
         allow_inf_nan=False,
-        description='lda, and precondition "whiten": shrinkage of the pooled within-class '
+        description="lda, and a precondition: shrinkage of the pooled within-class "
         "covariance towards a multiple of the identity with its trace, in [0, 1] (default 0: "
         "none); makes it definite when d is close to the number of samples.",
     )
@@ -313,15 +315,16 @@ class ModelOut(BaseModel):
     rehearsal_memory: int | None = Field(
         default=None, description="opml/copml: the rehearsal reservoir's size (null as rehearsal)."
     )
-    precondition: Literal["none", "whiten"] = Field(
+    precondition: Literal["none", "whiten", "discriminant"] = Field(
         default="none",
-        description='opml/copml/sgd: "whiten" serves L W (W: within-class whitening).',
+        description='opml/copml/sgd: "whiten" / "discriminant" serve L W (W: the within-class '
+        "whitening / the discriminant weighting).",
     )
     refresh: int | None = Field(
-        default=None, description='lda and precondition "whiten": samples between refreshes.'
+        default=None, description="lda and a precondition: samples between refreshes."
     )
     shrinkage: float | None = Field(
-        default=None, description='lda and precondition "whiten": covariance shrinkage.'
+        default=None, description="lda and a precondition: covariance shrinkage."
     )
     holdout: float
     holdout_window: int
