@@ -3,7 +3,8 @@
 The service itself is started by :class:`devkit.launcher.ServiceProcess` (re-exported here for
 the tests' type hints), through the ``service`` and ``launch`` fixtures of ``conftest.py``.
 Nothing here asserts on behalf of a test except :func:`assert_problem`, the shape every error
-answer must have.
+answer must have, and :func:`assert_equals_core` (with :func:`metric_at`, the read it waits
+with), the check of the tests that restart or kill a service: exactly the core's ``L``.
 """
 
 from __future__ import annotations
@@ -141,6 +142,47 @@ def settled(client: httpx.Client, name: str) -> dict[str, Any]:
     for timing in ("checkpoint", "staleness_s"):  # ages change by themselves
         model.pop(timing)
     return {"model": model, "metric": metric}
+
+
+#: Deadline of a test's wait for a condition: generous, a bound on a busy machine (load far above
+#: its cores) and not a timing assertion.
+WAIT_S = 120.0
+
+
+def metric_at(
+    client: httpx.Client, name: str, version: int, timeout: float = WAIT_S
+) -> dict[str, Any]:
+    """``GET /v1/models/{name}/metric?min_version=version``, asked again until it answers.
+
+    The service's own wait for ``min_version`` is bounded (``OPML_MIN_VERSION_WAIT_S``); past
+    it the contract is a 503 problem with ``Retry-After``, which a busy machine does meet (the
+    learner not yet at ``version``): honoured here, up to ``timeout`` seconds in all. Any other
+    answer than 200 or that 503 fails the test at once."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = client.get(f"/v1/models/{name}/metric", params={"min_version": version})
+        left = deadline - time.monotonic()
+        if response.status_code != 503 or left <= 0:
+            break
+        assert_problem(response, 503)
+        time.sleep(min(float(response.headers["retry-after"]), left))
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def assert_equals_core(
+    client: httpx.Client, name: str, X: np.ndarray, y: list[str], n: int, **config: Any
+) -> tuple[dict[str, Any], Learner]:
+    """Model ``name``, once at version ``n`` (:func:`metric_at`), has exactly the ``L`` of the
+    core learner (``config``) on the first ``n`` samples: the same arithmetic, bit for bit.
+    Returns the model's document and that learner, for the caller's own checks."""
+    got = metric_at(client, name, n)
+    model: dict[str, Any] = client.get(f"/v1/models/{name}").json()
+    ref = core_learner(X[:n], y[:n], dim=X.shape[1], **config)
+    assert got["version"] == model["version"] == n
+    np.testing.assert_array_equal(np.array(got["L"]), ref.L)
+    return model, ref
 
 
 def make_model(client: httpx.Client, name: str, dim: int, **params: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pytest
 from tests.service.support import (
     Launch,
     RedisServer,
+    assert_equals_core,
     assert_problem,
     core_learner,
     make_model,
@@ -47,14 +48,10 @@ def _post(api: httpx.Client, name: str, X: np.ndarray, y: list[str], lo: int, hi
         assert response.status_code == 202, response.text  # acknowledged: in the log
 
 
-def _assert_equals_core(
+def _assert_exact_with_stability(
     api: httpx.Client, X: np.ndarray, y: list[str], n: int, config: dict[str, Any]
 ) -> dict[str, Any]:
-    got = api.get("/v1/models/m/metric", params={"min_version": n}).json()
-    model = api.get("/v1/models/m").json()
-    ref = core_learner(X[:n], y[:n], dim=X.shape[1], seed=3, **config)
-    assert got["version"] == model["version"] == n
-    np.testing.assert_array_equal(np.array(got["L"]), ref.L)  # exact: same arithmetic
+    model, ref = assert_equals_core(api, "m", X, y, n, seed=3, **config)
     assert model["stability"] == ref.stability().to_dict()
     assert model["updates"]["gradient"] == ref.counts["sgd_update"] > 0
     return model
@@ -74,13 +71,13 @@ def test_create_checkpoint_kill_9_replay_and_restart_are_exact(
     svc.kill()  # kill -9: 320 acknowledged, the last checkpoint at most at 260
     svc.start()
     with svc.client() as api:
-        _assert_equals_core(api, X, y, 320, config)
+        _assert_exact_with_stability(api, X, y, 320, config)
         _post(api, "m", X, y, 320, 600)
-        _assert_equals_core(api, X, y, 600, config)
+        _assert_exact_with_stability(api, X, y, 600, config)
     svc.stop()  # a clean stop writes a final checkpoint
     svc.start()
     with svc.client() as api:
-        model = _assert_equals_core(api, X, y, 600, config)
+        model = _assert_exact_with_stability(api, X, y, 600, config)
     svc.stop()
     assert model["checkpoint"]["seq"] == 600
 

@@ -18,6 +18,7 @@ from websockets.sync.client import connect
 from service.core import Learner, LearnerConfig
 from service.core.race import GRID
 from service.core.steps import DEFAULTS
+from tests.service.placement import eventually
 from tests.service.support import (
     Launch,
     RedisServer,
@@ -176,18 +177,37 @@ def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
     rehearsing = {"dim": 4, "rehearsal": 2, "rehearsal_memory": 50, "seed": 5}
     # and a model whose monitor trips (the paper's rule on inputs of scale 1000)
     paper = {"dim": 4, "step": "paper", "seed": 3}
-    # checkpoints every 70 samples: the kill leaves a log tail to replay after the last one
-    svc = launch(tmp_path, own_redis.url, OPML_CHECKPOINT_EVERY="70").start()
+    # Checkpoints every 70 samples (never by time: OPML_CHECKPOINT_INTERVAL_S, whose default
+    # 30 s a loaded machine can spend between two models' last samples and the kill); one falls
+    # due at a batch's end but is written when the writer's previous Redis job (a log read, a
+    # checkpoint) is done, maybe a batch or two later: where the last one lands is waited for,
+    # not assumed, so that the kill leaves a known log tail to replay after it.
+    env = {"OPML_CHECKPOINT_EVERY": "70", "OPML_CHECKPOINT_INTERVAL_S": "3600"}
+    svc = launch(tmp_path, own_redis.url, **env).start()
+    inputs = {"m": X, "p": 1000 * X, "r": X}  # each model's stream
     with svc.client() as api:
         make_model(api, "m", **config)
         make_model(api, "p", **paper)
         made = make_model(api, "r", **rehearsing)
         assert (made["rehearsal"], made["rehearsal_memory"]) == (2, 50)
-        learn(api, "m", X[:300], y[:300], batch=40)  # the last checkpoints at 240
-        learn(api, "r", X[:300], y[:300], batch=40)
-        learn(api, "p", 1000 * X[:300], y[:300], batch=40)
+        for name, Xn in inputs.items():
+            learn(api, name, Xn[:280], y[:280], batch=40)
+
+        def checkpoints() -> dict[str, int]:
+            """Each model's last checkpoint, as its writer counts it."""
+            return {n: api.get(f"/v1/models/{n}").json()["checkpoint"]["seq"] for n in inputs}
+
+        def settled() -> dict[str, int] | None:
+            """The last checkpoints, once none is due (fewer than 70 samples after each)."""
+            seqs = checkpoints()
+            return seqs if all(280 - seq < 70 for seq in seqs.values()) else None
+
+        last: dict[str, int] = eventually(settled)
+        for name, Xn in inputs.items():  # 20 more: none falls due before the kill
+            learn(api, name, Xn[280:300], y[280:300], batch=40)
         assert api.get("/v1/models/m").json()["race"]["state"] == "racing"
         assert api.get("/v1/models/p").json()["health"]["times_tripped"] > 0
+        assert checkpoints() == last
         ckpt = redis.Redis.from_url(own_redis.url).hgetall("opml:{m}:ckpt")
     # a checkpoint taken mid-race holds every candidate's L and the rung's measurements
     arrays = json.loads(ckpt[b"meta"])["arrays"]
@@ -195,12 +215,15 @@ def test_a_race_and_a_tripped_monitor_survive_kill_9_replay_exact(
     stored = json.loads(redis.Redis.from_url(own_redis.url).hget("opml:{r}:ckpt", "meta") or b"")
     assert stored["arrays"]["rehearsal_rows"] == [50, 4]
     svc.kill()
+    rdb = redis.Redis.from_url(own_redis.url)
+    assert {
+        n: json.loads(rdb.hget(f"opml:{{{n}}}:ckpt", "meta") or b"")["seq"] for n in inputs
+    } == last  # in Redis too
     svc.start()
     with svc.client() as api:
         exposition = api.get("/metrics").text
-        assert gauge(exposition, "opml_replayed_samples_total", "m") > 0
-        assert gauge(exposition, "opml_replayed_samples_total", "p") > 0
-        assert gauge(exposition, "opml_replayed_samples_total", "r") > 0
+        for name, seq in last.items():  # the log tail after each last checkpoint, no more
+            assert gauge(exposition, "opml_replayed_samples_total", name) == 300 - seq > 0
         learn(api, "m", X[300:], y[300:], batch=50)
         learn(api, "p", 1000 * X[300:], y[300:], batch=50)
         learn(api, "r", X[300:], y[300:], batch=50)
