@@ -137,7 +137,7 @@ def rss_bytes(pid: int) -> int:
 def settled(client: httpx.Client, name: str) -> dict[str, Any]:
     """The model body and metric once every logged sample is applied (for before/after)."""
     logged = client.get(f"/v1/models/{name}").json()["logged_seq"]
-    metric = client.get(f"/v1/models/{name}/metric", params={"min_version": logged}).json()
+    metric = metric_at(client, name, logged)
     model = client.get(f"/v1/models/{name}").json()
     for timing in ("checkpoint", "staleness_s"):  # ages change by themselves
         model.pop(timing)
