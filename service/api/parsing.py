@@ -338,14 +338,19 @@ def identify_body(
                            ["body", "k"], parsed.far, parsed.frr)  # fmt: skip
 
 
+def _number(raw: str) -> float:
+    """A query parameter as a float; NaN when it is not a number (every range check fails)."""
+    try:
+        return float(raw)
+    except ValueError:
+        return math.nan
+
+
 def _rate(raw: str | None, name: str) -> float | None:
     """A target rate in the query string (``far`` / ``frr``): a number in (0, 0.5)."""
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = _number(raw)
     if not 0.0 < value < 0.5:  # NaN fails too
         raise invalid(["query", name], "must be a number in (0, 0.5)")
     return value
@@ -364,10 +369,7 @@ def _threshold(raw: str | None) -> float | None:
     """The ``threshold`` query parameter: a finite number >= 0 (None when absent)."""
     if raw is None:
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
+    value = _number(raw)
     if not (math.isfinite(value) and value >= 0):
         raise invalid(["query", "threshold"], "must be a finite number >= 0")
     return value
