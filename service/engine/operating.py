@@ -199,15 +199,10 @@ class OperatingCache:
         """The newest evaluated entry (refreshed in the background when the model moved on);
         waits for an evaluation only when there is none yet or it is older than
         ``min_version``."""
-        entry = self.newest
-        behind = entry is not None and entry.snapshot.version < newest.version
-        if (
-            entry is None
-            or (min_version is not None and entry.snapshot.version < min_version)
-            or (behind and entry.pairs is None)  # a refusal may be stale: never serve it
-        ):
+        entry = self.ready(newest, min_version)
+        if entry is None:
             entry = await self._evaluate(None)
-        self._refresh_soon(newest.version)
+            self._refresh_soon(newest.version)
         return entry
 
     async def of(self, snapshot: Snapshot, newest: Snapshot) -> _Entry:
