@@ -394,9 +394,9 @@ def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:
     when :func:`whitening` is.
 
     In whitened coordinates (``W = Sigma_W^{-1/2}``, ``W Sigma_B W = U diag(lambda) U^T``,
-    ``lambda`` the Fisher ratios of the discriminant directions, Eq. (2) of Fisher's criterion
-    ``v^T S_B v / v^T S_W v``), ``Sigma_T`` becomes ``I + W Sigma_B W`` and ``M = W U diag((lambda +
-    epsilon) / (1 + lambda)) U^T W``: each discriminant direction weighted by the share of its
+    ``lambda`` the Fisher ratios ``v^T S_B v / v^T S_W v`` of the discriminant directions),
+    ``Sigma_T`` becomes ``I + W Sigma_B W`` and ``M = W U diag((lambda + epsilon) / (1 +
+    lambda)) U^T W``: each discriminant direction weighted by the share of its
     variance that lies between classes. ``epsilon = 0`` spans LDA's ``K - 1`` directions with
     these weights instead of LDA's equal ones (when ``K - 1 >= d``, LDA's metric is the
     whitened Euclidean one and this one is not); ``epsilon = 1`` is the whitening. O(d^3).
