@@ -58,6 +58,12 @@ MEASURES = [
     ("ws_json1_4", "WS, one sample per JSON frame, 4 connections"),
     *((f"ws_binary_{f}", f"WS, binary frames of {f} samples, 1 connection") for f in BINARY_FRAMES),
 ]
+#: The WebSocket measurements' loadgen settings: key -> (encoding, frame, connections).
+WS_SETTINGS = {
+    "ws_json1": ("json", 1, 1),
+    "ws_json1_4": ("json", 1, 4),
+    **{f"ws_binary_{f}": ("binary", f, 1) for f in BINARY_FRAMES},
+}
 
 
 async def sequential(target: Target, n: int) -> dict[str, Any]:
@@ -96,9 +102,7 @@ def measure_one(target: Target, key: str, seconds: float, requests: int) -> dict
     target.settle(NAME)
     if key == "rest_seq":
         return asyncio.run(sequential(target, requests))
-    if key.startswith("ws_json1"):
-        return ws(target, seconds, "json", 1, 4 if key.endswith("_4") else 1)
-    return ws(target, seconds, "binary", int(key.rsplit("_", 1)[1]), 1)
+    return ws(target, seconds, *WS_SETTINGS[key])
 
 
 def measure_pair(
