@@ -126,6 +126,20 @@ class ThresholdCalibrator:
         _ring_write(self._pairs, self._count, d_pos, d_neg)
         self._count += n
 
+    def restart(self) -> None:
+        """Forget the window: the served metric changed units (a preconditioned learner's
+        first ``W`` arrived), and distances measured before are not comparable.
+
+        >>> cal = ThresholdCalibrator(window=10)
+        >>> cal.observe(1.0, 2.0)
+        >>> cal.restart()
+        >>> cal.calibration().pairs
+        0
+        """
+        self._pairs[:] = 0.0
+        self._count = 0
+        self._cached = None
+
     def _window(self) -> Array:
         return self._pairs[: min(self._count, self.window)]
 

@@ -383,6 +383,7 @@ class Learner(MetricQueries):
                 return
             if self._W is None:  # the first W: L (I unless set) now acts on W x
                 self._W = W
+                tracks.restart_calibration()  # distances so far were of L alone, not L W
                 self._changed()
                 return
             carry = np.linalg.solve(W, self._W).T  # W_old W_new^{-1} (both symmetric)

@@ -82,6 +82,11 @@ class Tracks:
     def calibrator(self) -> ThresholdCalibrator:
         return self.calibrators[self.served]
 
+    def restart_calibration(self) -> None:
+        """Every track's calibrator forgets its window (the metric's units changed)."""
+        for calibrator in self.calibrators:
+            calibrator.restart()
+
     def learn(
         self,
         H: Array,

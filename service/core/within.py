@@ -54,7 +54,8 @@ samples per dimension, :data:`~service.core.within.WHITEN_SAMPLES`): the samples
 statistics and the buffer, and are measured as ``lda``'s are (``L = I`` is served, or a metric
 set by :meth:`Learner.set_metric`); at that refresh ``W`` arrives and the served metric becomes
 ``L W`` (the whitened, or discriminant-weighted, Euclidean distance by
-default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there.
+default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there; the
+verification calibrator's window restarts, since the distances it held were of ``L`` alone.
 Every later refresh ``W -> W'`` sets ``L <- L W W'^{-1}`` and turns the buffer rows ``W h``
 into ``W' h``, so the served metric does not jump: the refresh changes the coordinates the
 next steps are taken in, not the metric (the running scale then adapts over its horizon).

@@ -143,7 +143,10 @@ def test_whitening_refresh_does_not_move_the_served_metric(algorithm: str) -> No
     W_first = learner._W
     assert W_first is not None
     np.testing.assert_allclose(learner.L, W_first, rtol=1e-12)
+    assert learner.calibrator.calibration().pairs == 0  # the identity's distances are gone
     learner.learn_many(X[64:250], y[64:250])  # steps on W x; refreshes at 100, 200
+    measured = sum(learner.counts[k] for k in ("triplet_update", "sgd_update", "passive"))
+    assert 0 < learner.calibrator.calibration().pairs <= measured - 50
     assert learner.counts["triplet_update"] + learner.counts["sgd_update"] > 5
     before, W_before = learner.L.copy(), learner._W.copy()  # type: ignore[union-attr]
     learner._refresh()  # a refresh now, on 250 samples' statistics
