@@ -37,6 +37,7 @@ from numpy.typing import NDArray
 
 DATA_DIR = Path(__file__).resolve().parents[1] / ".data"
 WEKA_DIR = DATA_DIR / "weka"
+FASHION_DIR = DATA_DIR / "fashion-mnist"
 
 GET_DATA = "run `bash benchmarks/quality/get_data.sh` from the repository root"
 
@@ -228,6 +229,45 @@ def load_ionosphere() -> Arrays:
 def load_glass() -> Arrays:
     """Glass identification, 214 x 9; 6 classes present (type 4 has no samples)."""
     return _load_weka_arff("glass")
+
+
+# --------------------------------------------------------------------------------------------
+# Debian dataset-fashion-mnist
+# --------------------------------------------------------------------------------------------
+
+
+def _read_idx(path: Path) -> NDArray[np.uint8]:
+    """One gzipped IDX file (the MNIST format: magic, big-endian shape, then uint8 data)."""
+    import gzip
+
+    with gzip.open(path, "rb") as f:
+        raw = f.read()
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load_fashion_mnist_split() -> tuple[Arrays, Arrays]:
+    """Fashion-MNIST as published: (train 60,000 x 784, test 10,000 x 784), 10 classes, pixels
+    0-255 as floats."""
+    parts = []
+    for part in ("train", "t10k"):
+        images = FASHION_DIR / f"{part}-images-idx3-ubyte.gz"
+        labels = FASHION_DIR / f"{part}-labels-idx1-ubyte.gz"
+        if not (images.is_file() and labels.is_file()):
+            raise DataMissingError(
+                f"{images} not found (it comes from the Debian package dataset-fashion-mnist); "
+                f"{GET_DATA}"
+            )
+        X = _read_idx(images).reshape(-1, 28 * 28).astype(np.float64)
+        parts.append((X, _read_idx(labels).astype(np.int64)))
+    return parts[0], parts[1]
+
+
+def load_fashion_mnist() -> Arrays:
+    """Fashion-MNIST, 70,000 x 784, 10 classes (training then test rows)."""
+    (Xtr, ytr), (Xte, yte) = load_fashion_mnist_split()
+    return np.vstack([Xtr, Xte]), np.concatenate([ytr, yte])
 
 
 # --------------------------------------------------------------------------------------------
