@@ -6,7 +6,8 @@ by transport (``opml_samples_accepted_total``, ``opml_samples_rejected_total``,
 A request goes through :func:`ingest`. A ``/stream`` frame is checked by :func:`validate`,
 started by the engine without suspending when there is room (``ModelRuntime.submit``: no task
 per frame) and counted by :func:`count_accepted` / :func:`count_refused`, the pieces
-:func:`ingest` is made of.
+:func:`ingest` is made of (a connection adds up its acknowledged frames' samples and counts
+them per burst: :func:`service.api.routes.stream._send_acks`).
 """
 
 from __future__ import annotations

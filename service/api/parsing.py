@@ -447,6 +447,8 @@ def samples(
 def _samples_fast(items: Sequence[SampleFields], dim: int) -> tuple[Array, list[str]] | None:
     """The common case in one ``np.array`` and one ``isfinite``; None if any check fails
     (then :func:`samples` redoes it row by row to say where)."""
+    if len(items) == 1:
+        return _one_sample_fast(items[0], dim)
     if any(len(s.x) != dim for s in items):
         return None
     try:
@@ -457,6 +459,23 @@ def _samples_fast(items: Sequence[SampleFields], dim: int) -> tuple[Array, list[
         return None
     keys = _keys_fast([s.y for s in items])
     return None if keys is None else (X, keys)
+
+
+def _one_sample_fast(s: SampleFields, dim: int) -> tuple[Array, list[str]] | None:
+    """:func:`_samples_fast` of one sample (a one-sample request or frame, the commonest
+    kind), in fewer steps: the values are Python floats (the schema's), so their plain sum is
+    finite only if each of them is (a NaN or an infinity stays in the sum); a sum that
+    overflows or a label that is not plain is left to the general path."""
+    x, y = s.x, s.y
+    if len(x) != dim or not math.isfinite(sum(x)):
+        return None
+    kind = type(y)
+    if kind is not str and kind is not int:
+        return None
+    key = y if kind is str else str(y)
+    if not 0 < len(key) <= MAX_LABEL_CHARS:
+        return None
+    return np.array(x, dtype=np.float64).reshape(1, dim), [key]
 
 
 def _keys_fast(labels: list[Any]) -> list[str] | None:

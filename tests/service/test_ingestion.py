@@ -189,6 +189,18 @@ def test_non_finite_values_are_422(api: httpx.Client, name: str) -> None:
     assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 0
 
 
+def test_a_single_sample_is_checked_value_by_value(api: httpx.Client, name: str) -> None:
+    """Finite values whose sum overflows are accepted; infinities that cancel are not."""
+    make_model(api, name, 2)
+    for raw in (b'{"x": [Infinity, -Infinity], "y": "a"}', b'{"x": [1, NaN], "y": 1}'):
+        response = api.post(
+            f"/v1/models/{name}/samples", content=raw, headers={"content-type": "application/json"}
+        )
+        assert assert_problem(response, 422)["detail"] == "body.x: contains NaN or Inf"
+    assert api.get(f"/v1/models/{name}").json()["logged_seq"] == 0
+    assert post(api, name, {"x": [1e308, 1e308], "y": "a"}).json()["last_seq"] == 1
+
+
 def test_batch_and_class_limits(api: httpx.Client, name: str) -> None:
     make_model(api, name, 1)
     too_long = {"samples": [{"x": [1], "y": "a"}] * 501}  # OPML_MAX_BATCH=500

@@ -18,6 +18,8 @@ from tests.service.support import (
     assert_problem,
     core_learner,
     make_model,
+    scrape,
+    series,
     stream,
 )
 
@@ -41,6 +43,27 @@ def test_stream_acks_in_frame_order_and_equals_the_core(
     ref = core_learner(np.vstack([X, [[1, 2, 3, 4]]]), [*y, "single"], dim=4, gamma=0.05)
     got = api.get(f"/v1/models/{name}/metric", params={"min_version": 301}).json()
     np.testing.assert_allclose(np.array(got["L"]), ref.L, rtol=0, atol=1e-12)
+
+
+def test_every_acknowledged_frame_is_counted_once_its_acks_are_read(
+    service: ServiceProcess, api: httpx.Client, name: str
+) -> None:
+    """Frames in flight are counted together: after the last ack, all of them are counted
+    (more frames than one count covers, with a replay and an error among them)."""
+    make_model(api, name, 2)
+    frames = [json.dumps({"id": k, "x": [k, 1], "y": k % 3}) for k in range(150)]
+    with connect(f"{service.ws_url}/v1/models/{name}/stream") as ws:
+        for k, frame in enumerate(frames):
+            ws.send(frame)
+            if k == 100:
+                ws.send(frames[0])  # a resend: replayed, not counted again
+                ws.send(json.dumps({"id": "bad", "x": [1], "y": 1}))
+        answers = [json.loads(ws.recv(timeout=30)) for _ in range(152)]
+        assert sum("ack" in a for a in answers) == 151
+        counts = scrape(api)
+    labels = {"model": name, "transport": "ws"}
+    assert sum(series(counts, "opml_samples_accepted_total", **labels).values()) == 150
+    assert sum(series(counts, "opml_idempotent_replays_total", **labels).values()) == 1
 
 
 def test_bad_frames_get_error_frames_and_the_connection_survives(

@@ -187,32 +187,59 @@ def _items(frame: StreamFrame | BinaryFrame) -> tuple[Items, list[str | int], bo
     return frame.located([])
 
 
+#: Most acknowledged frames whose samples one connection counts together (see _send_acks).
+COUNT_EVERY = 64
+
+
 async def _send_acks(
     websocket: WebSocket, runtime: ModelRuntime, window: asyncio.Queue[_InFlight]
 ) -> None:
     """Each frame's answer, in frame order: its ``ack`` (made directly, one per frame) once its
-    append returned, or its ``error``."""
-    while True:
-        received, frame_id, id_json, samples, started = await window.get()
-        try:
-            if not isinstance(started, asyncio.Future):
-                raise started
-            appended = await started
-        except ServiceError as exc:
-            if samples:  # a frame that did not parse is not counted
-                count_refused(runtime, "ws", samples, exc)
-            count(exc, "ws")
-            await websocket.send_json({"error": problem(exc), "id": frame_id})
-            outcome = "error"
-        else:
-            count_accepted(runtime, "ws", appended)
-            replayed = ',"replayed":true' if appended.replayed else ""
-            await websocket.send_text(
-                f'{{"ack":{id_json},"first_seq":{appended.first_seq},'
-                f'"last_seq":{appended.last_seq}{replayed}}}'
-            )
-            outcome = "ack"
-        telemetry.WS_FRAME[outcome].observe(time.perf_counter() - received)
+    append returned, or its ``error``.
+
+    The samples of acknowledged frames are counted together (one counter increment instead of
+    one per frame): before the ack that leaves no frame waiting, every :data:`COUNT_EVERY`
+    frames, and when the connection ends; so the count of an acknowledged frame is exposed
+    at the latest when the connection's burst of frames is answered."""
+    accepted = runtime.telemetry.accepted["ws"]
+    uncounted = frames = 0
+    try:
+        while True:
+            received, frame_id, id_json, samples, started = await window.get()
+            try:
+                if not isinstance(started, asyncio.Future):
+                    raise started
+                appended = await started
+            except ServiceError as exc:
+                if samples:  # a frame that did not parse is not counted
+                    count_refused(runtime, "ws", samples, exc)
+                count(exc, "ws")
+                outcome, text = "error", ""
+                answer: dict[str, Any] | None = {"error": problem(exc), "id": frame_id}
+            else:
+                if appended.replayed:
+                    count_accepted(runtime, "ws", appended)
+                    replayed = ',"replayed":true'
+                else:
+                    uncounted += appended.last_seq - appended.first_seq + 1
+                    frames += 1
+                    replayed = ""
+                outcome, answer = "ack", None
+                text = (
+                    f'{{"ack":{id_json},"first_seq":{appended.first_seq},'
+                    f'"last_seq":{appended.last_seq}{replayed}}}'
+                )
+            if uncounted and (frames >= COUNT_EVERY or window.empty()):
+                accepted.inc(uncounted)
+                uncounted = frames = 0
+            if answer is None:
+                await websocket.send_text(text)
+            else:
+                await websocket.send_json(answer)
+            telemetry.WS_FRAME[outcome].observe(time.perf_counter() - received)
+    finally:
+        if uncounted:
+            accepted.inc(uncounted)
 
 
 def _parse(text: str) -> tuple[Any, StreamFrame | ServiceError]:
