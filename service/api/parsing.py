@@ -466,16 +466,11 @@ def _one_sample_fast(s: SampleFields, dim: int) -> tuple[Array, list[str]] | Non
     kind), in fewer steps: the values are Python floats (the schema's), so their plain sum is
     finite only if each of them is (a NaN or an infinity stays in the sum); a sum that
     overflows or a label that is not plain is left to the general path."""
-    x, y = s.x, s.y
+    x = s.x
     if len(x) != dim or not math.isfinite(sum(x)):
         return None
-    kind = type(y)
-    if kind is not str and kind is not int:
-        return None
-    key = y if kind is str else str(y)
-    if not 0 < len(key) <= MAX_LABEL_CHARS:
-        return None
-    return np.array(x, dtype=np.float64).reshape(1, dim), [key]
+    keys = _keys_fast([s.y])
+    return None if keys is None else (np.array(x, dtype=np.float64).reshape(1, dim), keys)
 
 
 def _keys_fast(labels: list[Any]) -> list[str] | None:
