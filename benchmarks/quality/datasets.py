@@ -264,12 +264,6 @@ def load_fashion_mnist_split() -> tuple[Arrays, Arrays]:
     return parts[0], parts[1]
 
 
-def load_fashion_mnist() -> Arrays:
-    """Fashion-MNIST, 70,000 x 784, 10 classes (training then test rows)."""
-    (Xtr, ytr), (Xte, yte) = load_fashion_mnist_split()
-    return np.vstack([Xtr, Xte]), np.concatenate([ytr, yte])
-
-
 # --------------------------------------------------------------------------------------------
 # Regenerated / synthetic
 # --------------------------------------------------------------------------------------------

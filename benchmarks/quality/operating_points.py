@@ -38,6 +38,7 @@ shared cores)::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -71,6 +72,7 @@ def _results_stem(quick: bool) -> Path:
     return result_stem(NAME, quick)
 
 
+@functools.cache  # every seed splits the same rows: read them once
 def load(name: str) -> tuple[NDArray[np.float64], NDArray[np.int64]]:
     loader = getattr(datasets, f"load_{name}", None)
     if loader is not None:
@@ -101,11 +103,14 @@ def split(X: NDArray[np.float64], y: NDArray[np.int64], seed: int) -> Split:
     return Ztr, y[order], Zte, y[~train]
 
 
+_fashion_mnist = functools.cache(datasets.load_fashion_mnist_split)
+
+
 def fashion_split(seed: int) -> Split:
     """Fashion-MNIST's published split, PCA to 64 fitted on the training rows, z-scored."""
     from sklearn.decomposition import PCA
 
-    (Xtr, ytr), (Xte, yte) = datasets.load_fashion_mnist_split()
+    (Xtr, ytr), (Xte, yte) = _fashion_mnist()
     pca = PCA(64, random_state=seed).fit(Xtr)
     order = np.random.default_rng(seed).permutation(len(ytr))
     Ztr, Zte = _zscore(pca.transform(Xtr[order]), pca.transform(Xte))
@@ -261,7 +266,7 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             refused = [e for e in entries if "not_certifiable" in e]
             item: dict[str, Any] = {
                 "data": name, "far": far, "seeds": len(runs),
-                "negatives": float(np.mean([r["negatives"] for r in runs])),
+                "negatives": _mean(runs, "negatives"),
                 "oracle_tar": _mean(entries, "oracle_tar"),
                 "euclidean_oracle_tar": _mean(entries, "euclidean_oracle_tar"),
                 "eer_test_far": float(np.mean([r["eer_threshold"]["test_far"] for r in runs])),
@@ -273,9 +278,9 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ratios = [e["tar_ratio"] for e in certified]
                 item.update(
                     certified=len(certified),
-                    test_far=float(np.mean([e["test_far"] for e in certified])),
-                    far_estimate=float(np.mean([e["far_estimate"] for e in certified])),
-                    test_tar=float(np.mean([e["test_tar"] for e in certified])),
+                    test_far=_mean(certified, "test_far"),
+                    far_estimate=_mean(certified, "far_estimate"),
+                    test_tar=_mean(certified, "test_tar"),
                     tar_ratio=float(np.mean(ratios)),
                     tar_ratio_range=[float(min(ratios)), float(max(ratios))],
                     holds_every_seed=all(e["holds"] for e in certified),
