@@ -101,11 +101,12 @@ def ingest_headline(data: dict[str, Any]) -> list[str]:
     return [
         f"Service / floor, median over {len(data['rounds'])} round(s) (range):",
         "",
-        "| measurement | throughput | server CPU per sample |",
-        "|---|---|---|",
+        "| measurement | throughput | server CPU per sample | Redis CPU per sample |",
+        "|---|---|---|---|",
         *(
             f"| {label} | {_spread(summary[key]['throughput'])} | "
-            f"{_spread(summary[key]['cpu_per_sample'])} |"
+            f"{_spread(summary[key]['cpu_per_sample'])} | "
+            f"{_spread(summary[key]['redis_cpu_per_sample'])} |"
             for key, label in rows
         ),
         "",

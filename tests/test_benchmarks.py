@@ -94,6 +94,7 @@ def floor(tmp_path: Path) -> Iterator[Target]:
     server = RedisServer(tmp_path / "redis").start()
     try:
         with start_floor(server.url, tmp_path, dim=64, gallery=50, gallery_dim=8) as target:
+            target.redis_pid, target.redis_port = server.proc.pid, server.port
             yield target
     finally:
         server.stop()
@@ -109,6 +110,8 @@ def test_the_floor_app_ingests_durably_and_answers_queries(floor: Target) -> Non
     for run in (json_one, binary):
         assert run["samples_acked"] > 0 and run["frame_errors"] == 0
         assert run["service_cpu_s"] > 0
+    assert json_one["redis_cpu_s"] + binary["redis_cpu_s"] > 0  # the appends' Redis work
+    floor.settle(NAME)  # nothing to learn; returns once Redis persists nothing in the background
     assert json_one["deflate_offered"] and not json_one["deflate"]  # uvicorn's default: off
     rest = asyncio.run(sequential(floor, 20))
     assert rest["errors"] == 0 and rest["samples_per_s"] > 0

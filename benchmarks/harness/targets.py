@@ -1,11 +1,13 @@
 """What the service benchmarks measure: the service, or the floor app beside it.
 
 A :class:`Target` is a running HTTP/WebSocket server measured from outside: its URL, its
-process's CPU seconds (all its threads, from ``/proc``; not its Redis's) and
+process's CPU seconds (all its threads, from ``/proc``; not its Redis's), its Redis server's
+CPU seconds when the benchmark names that process (:attr:`Target.redis_pid`), and
 :meth:`Target.loadgen`, one :mod:`benchmarks.harness.loadgen` measurement in a process of its
-own with the target's CPU over it. :func:`start_service` starts ``python -m service``
-(:class:`devkit.launcher.ServiceProcess`, embedded Redis with ``appendfsync always``);
-:func:`start_floor` starts :mod:`benchmarks.harness.floor` on a given Redis.
+own with the target's CPU (and its Redis's) over it. :func:`start_service` starts
+``python -m service`` (:class:`devkit.launcher.ServiceProcess`, embedded Redis with
+``appendfsync always``); :func:`start_floor` starts :mod:`benchmarks.harness.floor` on a
+given Redis.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import redis
 
 from benchmarks.harness.machine import thread_cpu
 from devkit.launcher import ServiceProcess
@@ -41,11 +44,23 @@ class Target:
 
     def __init__(self, label: str, url: str, pid: int) -> None:
         self.label, self.url, self.pid = label, url, pid
+        #: The Redis server the target writes to, when the benchmark knows its process: its
+        #: CPU over a measurement is reported too (a Redis shared by two targets measured one
+        #: after the other is charged to each only for its own run).
+        self.redis_pid: int | None = None
+        #: Its port on this host, when known: :meth:`settle` then also waits for the server's
+        #: background persistence (an AOF rewrite or a snapshot, forked after a heavy run) to
+        #: end, so that it does not weigh on the next measurement.
+        self.redis_port: int | None = None
         self._frame_ids = 0
 
     def cpu(self) -> float:
         """CPU seconds (user + system, every thread) of the server's process so far."""
         return sum(thread_cpu(self.pid))
+
+    def redis_cpu(self) -> float:
+        """CPU seconds of :attr:`redis_pid` so far (0.0 when it is not known)."""
+        return sum(thread_cpu(self.redis_pid)) if self.redis_pid is not None else 0.0
 
     def next_frame_ids(self) -> int:
         """A fresh frame-id range for a WS run (no run replays another's ids)."""
@@ -63,27 +78,47 @@ class Target:
 
     def settle(self, name: str, timeout_s: float = 300.0) -> None:
         """Wait until the model's learner has applied its whole log (``version >=
-        logged_seq``), so that one measurement's backlog is not learned during the next; the
-        floor has no models and nothing to settle."""
+        logged_seq``), so that one measurement's backlog is not learned during the next (the
+        floor has no models and nothing to learn), and until :attr:`redis_port`'s background
+        persistence is idle."""
         deadline = time.monotonic() + timeout_s
         with httpx.Client(base_url=self.url, timeout=60) as client:
             while True:
                 answer = client.get(f"/v1/models/{name}")
-                if answer.status_code == 404:
-                    return
-                answer.raise_for_status()
-                doc = answer.json()
-                if doc["version"] >= doc["logged_seq"]:
+                caught_up = answer.status_code == 404  # the floor: nothing to learn
+                if not caught_up:
+                    answer.raise_for_status()
+                    doc = answer.json()
+                    caught_up = doc["version"] >= doc["logged_seq"]
+                if caught_up and self._persistence_idle():
                     return
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.label}: {name} did not catch up in {timeout_s} s")
+                    raise TimeoutError(f"{self.label}: {name} did not settle in {timeout_s} s")
                 time.sleep(0.05)
 
+    def _persistence_idle(self) -> bool:
+        """No AOF rewrite or snapshot running or scheduled on :attr:`redis_port` (True when
+        the port is not known)."""
+        if self.redis_port is None:
+            return True
+        with redis.Redis(port=self.redis_port, socket_timeout=30) as client:
+            info = client.info("persistence")
+        return not any(
+            info.get(key, 0)
+            for key in (
+                "aof_rewrite_in_progress",
+                "aof_rewrite_scheduled",
+                "rdb_bgsave_in_progress",
+            )
+        )
+
     def loadgen(self, kind: str, *args: str | int | float) -> dict[str, Any]:
-        """One :func:`run_loadgen` measurement, with ``service_cpu_s`` over it."""
-        cpu0 = self.cpu()
+        """One :func:`run_loadgen` measurement, with ``service_cpu_s`` (and ``redis_cpu_s``)
+        over it."""
+        cpu0, redis0 = self.cpu(), self.redis_cpu()
         result = run_loadgen(self.url, kind, *args)
         result["service_cpu_s"] = self.cpu() - cpu0
+        result["redis_cpu_s"] = self.redis_cpu() - redis0
         return result
 
 
