@@ -116,7 +116,7 @@ def measure_one(target: Target, key: str, seconds: float, requests: int) -> dict
 
 def offering_deflate(target: Target, seconds: float) -> dict[str, Any]:
     """One-sample JSON frames on one connection from a client that offers permessage-deflate,
-    from a settled service (the binary runs before it leave a backlog to learn)."""
+    from a settled service (its previous run's samples learned, its Redis not persisting)."""
     target.settle(NAME)
     return ws(target, seconds, "json", 1, 1, deflate=True)
 
@@ -162,8 +162,8 @@ def measure(rounds: int, seconds: float, requests: int) -> dict[str, Any]:
         tmp = Path(tmp_name)
         service, process = stack.enter_context(start_service("service", tmp / "service"))
         # The compression pair runs on two services of its own, alike but for the setting:
-        # the main one's housekeeping after the binary runs (checkpoint, log trim) would
-        # weigh on whichever side ran on it.
+        # the main one's Redis, rewriting its AOF after the binary runs, would weigh on
+        # whichever side ran on it.
         declining, declining_process = stack.enter_context(
             start_service("service_declines", tmp / "declines")
         )

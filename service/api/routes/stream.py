@@ -214,8 +214,8 @@ async def _send_acks(
                 if samples:  # a frame that did not parse is not counted
                     count_refused(runtime, "ws", samples, exc)
                 count(exc, "ws")
-                outcome, text = "error", ""
-                answer: dict[str, Any] | None = {"error": problem(exc), "id": frame_id}
+                outcome = "error"
+                reply = websocket.send_json({"error": problem(exc), "id": frame_id})
             else:
                 if appended.replayed:
                     count_accepted(runtime, "ws", appended)
@@ -224,18 +224,15 @@ async def _send_acks(
                     uncounted += appended.last_seq - appended.first_seq + 1
                     frames += 1
                     replayed = ""
-                outcome, answer = "ack", None
-                text = (
+                outcome = "ack"
+                reply = websocket.send_text(
                     f'{{"ack":{id_json},"first_seq":{appended.first_seq},'
                     f'"last_seq":{appended.last_seq}{replayed}}}'
                 )
             if uncounted and (frames >= COUNT_EVERY or window.empty()):
                 accepted.inc(uncounted)
                 uncounted = frames = 0
-            if answer is None:
-                await websocket.send_text(text)
-            else:
-                await websocket.send_json(answer)
+            await reply  # made above, sent after the count it may expose
             telemetry.WS_FRAME[outcome].observe(time.perf_counter() - received)
     finally:
         if uncounted:
