@@ -50,7 +50,10 @@ def principal_components(X: Array, k: int = 2) -> tuple[Array, Array]:
     """The rows of ``X`` projected on its first ``k`` principal axes (centred; SVD), and the
     share of the variance each axis explains. Fewer than ``k`` dimensions or rows: the missing
     columns are zeros. Axis signs are fixed (largest loading positive) so a picture does not
-    flip between two calls on nearly the same samples.
+    flip between two calls on nearly the same samples. Computed on ``X`` divided by its
+    largest magnitude (axes and shares do not depend on the scale), so finite rows near the
+    float64 limit get finite shares too (their points may overflow to infinity); ``X`` with a
+    non-finite value has no axes: zeros.
 
     >>> P, share = principal_components(np.array([[0.0, 0.0], [2.0, 0.0], [4.0, 0.0]]))
     >>> P[:, 0].tolist(), P[:, 1].tolist(), share.tolist()
@@ -61,13 +64,18 @@ def principal_components(X: Array, k: int = 2) -> tuple[Array, Array]:
     share = np.zeros(k)
     if n == 0:
         return out, share
-    centred = X - X.mean(axis=0)
+    scale = float(np.max(np.abs(X)))
+    if not np.isfinite(scale) or scale == 0.0:
+        return out, share
+    centred = X / scale
+    centred -= centred.mean(axis=0)
     _, s, Vt = np.linalg.svd(centred, full_matrices=False)
     m = min(k, len(s))
     axes = Vt[:m]
     flip = np.sign(axes[np.arange(m), np.argmax(np.abs(axes), axis=1)])
     axes = axes * np.where(flip == 0, 1.0, flip)[:, None]
-    out[:, :m] = centred @ axes.T
+    with np.errstate(over="ignore"):
+        out[:, :m] = (centred @ axes.T) * scale
     total = float(np.sum(s**2))
     if total > 0:
         share[:m] = s[:m] ** 2 / total

@@ -69,6 +69,22 @@ def test_recent_is_bounded_and_checks_its_arguments(api: httpx.Client, name: str
     assert api.get(f"/v1/models/{name}").json()["version"] == before["version"]
 
 
+def test_recent_answers_samples_near_the_float_limit(api: httpx.Client, name: str) -> None:
+    """Finite samples whose squares overflow still get a picture (not a 500): finite shares,
+    the points that overflow shown at the edge of what JSON can carry."""
+    make_model(api, name, 2)
+    version = feed(
+        api, name, np.array([[1.0, 0.0], [1e308, 1e308], [-1e308, 1e308]]), ["a", "b", "c"]
+    )
+    answer = api.get(f"/v1/models/{name}/recent", params={"min_version": version})
+    assert answer.status_code == 200, answer.text
+    projection = answer.json()["projection"]
+    for side in ("x", "z"):
+        share = projection[side]["explained"]
+        assert np.isfinite(share).all() and sum(share) == pytest.approx(1.0)
+        assert np.isfinite(projection[side]["points"]).all()
+
+
 def test_recent_keeps_only_the_latest_window(api: httpx.Client, name: str) -> None:
     make_model(api, name, 2)
     X, y = stream(RECENT_SAMPLES + 100, 2, 3, seed=9)
