@@ -24,12 +24,13 @@ from; after an edit of those tables (a new dependency or extra) every command st
 ``python3 dev.py lock``, which puts the change in the lock (keeping every other pin unless
 ``--upgrade`` is passed on).
 
-The quick tier is the tests marked ``quick`` (``pytest -m quick``): the algorithm core's tests
-(``tests/core``), the in-process contract tests (``tests/contract``: the app called through
-httpx's ASGI transport on a real redis-server, parsing included) and the SDK's doctests; the
-marker is given by directory in ``tests/conftest.py``. Arguments after the command are passed
-on: to the service (``python3 dev.py serve --help`` lists its options), to pytest, or to
-pip-compile.
+Both tiers run on one pytest-xdist worker per core (at most four; ``-n 0`` runs them in one
+process). The quick tier is the tests marked ``quick`` (``pytest -m quick``): the algorithm
+core's tests (``tests/core``), the in-process contract tests (``tests/contract``: the app
+called through httpx's ASGI transport on a real redis-server, parsing included) and the SDK's
+doctests; the marker is given by directory in ``tests/conftest.py``. Arguments after the
+command are passed on: to the service (``python3 dev.py serve --help`` lists its options), to
+pytest, or to pip-compile.
 """
 
 from __future__ import annotations
@@ -173,16 +174,34 @@ def run(cmd: list[str]) -> int:
     return subprocess.run(cmd, cwd=ROOT).returncode
 
 
-def pytest_args(rest: list[str]) -> list[str]:
-    """pytest's arguments for ``test [args]``: ``--quick`` selects the quick tier; the whole
-    suite names its 15 slowest tests.
+#: Most pytest-xdist workers ``test`` starts: the tests mostly wait on the Redis servers and
+#: service processes they start, so two workers on two cores finish in about two thirds of the
+#: time of one; more than four only add contention.
+MAX_WORKERS = 4
 
-    >>> pytest_args(["--quick", "-x"]), pytest_args(["tests/core"])
-    (['-m', 'quick', '-x'], ['--durations=15', 'tests/core'])
+
+def pytest_args(rest: list[str], cpus: int | None = None) -> list[str]:
+    """pytest's arguments for ``test [args]``: ``--quick`` selects the quick tier; the whole
+    suite names its 15 slowest tests. Both run on one pytest-xdist worker per core (at most
+    :data:`MAX_WORKERS`) unless the arguments choose (``-n 0``: one process, e.g. for
+    ``--pdb``).
+
+    >>> pytest_args(["--quick", "-x"], cpus=2), pytest_args(["tests/core"], cpus=8)
+    (['-n', '2', '-m', 'quick', '-x'], ['-n', '4', '--durations=15', 'tests/core'])
+    >>> pytest_args(["-n", "0", "tests/core"], cpus=2), pytest_args([], cpus=1)
+    (['--durations=15', '-n', '0', 'tests/core'], ['--durations=15'])
     """
+    if cpus is None:  # the cores this process may use (a container's share, not the host's)
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+        cpus = cpus or os.cpu_count() or 1
+    chosen = any(
+        arg.startswith(("-n", "--numprocesses", "--dist")) or arg.endswith("no:xdist")
+        for arg in rest
+    )
+    workers = [] if chosen or cpus < 2 else ["-n", str(min(cpus, MAX_WORKERS))]
     if "--quick" in rest:
-        return ["-m", "quick", *(arg for arg in rest if arg != "--quick")]
-    return ["--durations=15", *rest]
+        return [*workers, "-m", "quick", *(arg for arg in rest if arg != "--quick")]
+    return [*workers, "--durations=15", *rest]
 
 
 def main(argv: list[str]) -> int:
