@@ -126,3 +126,14 @@ def test_the_committed_docs_page_matches_the_committed_results() -> None:
     assert PAGE.read_text() == render(ROOT / "benchmarks" / "results"), (
         "docs/benchmarks.md is stale: python -m benchmarks.docs"
     )
+
+
+def test_the_floor_outrunning_the_core_is_said_only_when_every_round_shows_it() -> None:
+    from benchmarks.perf.ingest import _floor_over_core
+
+    above = {"floor_binary_over_core": {"median": 1.3, "min": 1.1, "max": 1.4}}
+    mixed = {"floor_binary_over_core": {"median": 1.3, "min": 0.9, "max": 1.4}}
+    assert "no service that learns every sample" in "".join(_floor_over_core(above))
+    assert "**1.30** (0.90-1.40)" in "".join(_floor_over_core(mixed))
+    assert "no service" not in "".join(_floor_over_core(mixed))
+    assert _floor_over_core({}) == []  # results written before the ratio was recorded

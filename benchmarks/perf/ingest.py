@@ -198,6 +198,9 @@ def measure(rounds: int, seconds: float, requests: int) -> dict[str, Any]:
             run["binary_over_core"] = (
                 best_binary(run["service"])["samples_per_s"] / run["core_samples_per_s"]
             )
+            run["floor_binary_over_core"] = (
+                best_binary(run["floor"])["samples_per_s"] / run["core_samples_per_s"]
+            )
             out.append(run)
             print(f"round {k + 1}: {json.dumps(run['ratios'])}", flush=True)
     return {"rounds": out, "fsync": fsync}
@@ -217,6 +220,8 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         for key in keys
     }
     summary["binary_over_core"] = spread([r["binary_over_core"] for r in rounds])
+    if all("floor_binary_over_core" in r for r in rounds):
+        summary["floor_binary_over_core"] = spread([r["floor_binary_over_core"] for r in rounds])
     summary["deflate"] = {
         metric: spread([r["deflate"]["accepted"][metric] / r["deflate"]["declined"][metric]
                         for r in rounds])
@@ -237,6 +242,22 @@ def _median(rounds: list[dict[str, Any]], *path: str) -> float:
             v = v[p]
         values.append(float(v))
     return float(np.median(values))
+
+
+def _floor_over_core(summary: dict[str, Any]) -> list[str]:
+    """The floor's best binary frames against the same ``learn_many``: above 1.0, the floor
+    appends faster than the core learns, so no service that learns every sample can keep up
+    with it on binary frames."""
+    if "floor_binary_over_core" not in summary:
+        return []
+    ratio = summary["floor_binary_over_core"]
+    line = f"The floor's best binary frames / the same `learn_many`: {_range(ratio)}"
+    if ratio["min"] > 1.0:
+        line += (
+            ": the floor appends faster than the core alone learns, so on binary frames no "
+            "service that learns every sample reaches 1.0x the floor"
+        )
+    return ["", line + "."]
 
 
 def report(data: dict[str, Any]) -> list[str]:
@@ -288,6 +309,7 @@ def report(data: dict[str, Any]) -> list[str]:
         "",
         f"Best binary frames / the core's `learn_many` on the same stream ({core:,.0f} "
         f"samples/s, measured each round): {_range(summary['binary_over_core'])}.",
+        *_floor_over_core(summary),
         "",
         "## Compression (permessage-deflate), one-sample JSON frames, one connection",
         "",

@@ -265,7 +265,15 @@ def test_it_listens_while_the_kernels_compile_and_is_ready_after(
         compiling = api.get("/readyz")
         assert compiling.status_code == 503
         assert compiling.json()["detail"] == COMPILING
-        make_model(api, "early", 2)
+
+        def created() -> bool:  # the models load beside the compilation: 503 until they have
+            made = api.post("/v1/models", json={"name": "early", "dim": 2})
+            loading = made.status_code == 503 and "being loaded" in made.json()["detail"]
+            assert not loading or made.headers["retry-after"] == "1"
+            assert made.status_code == 201 or loading, made.text
+            return made.status_code == 201
+
+        wait_for("the models to be loaded", created)
         sent = api.post("/v1/models/early/samples", json={"x": [1, 0], "y": "a"})
         assert sent.status_code == 202
     with first.ready(port) as api:
