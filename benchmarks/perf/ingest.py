@@ -220,8 +220,7 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         for key in keys
     }
     summary["binary_over_core"] = spread([r["binary_over_core"] for r in rounds])
-    if all("floor_binary_over_core" in r for r in rounds):
-        summary["floor_binary_over_core"] = spread([r["floor_binary_over_core"] for r in rounds])
+    summary["floor_binary_over_core"] = spread([r["floor_binary_over_core"] for r in rounds])
     summary["deflate"] = {
         metric: spread([r["deflate"]["accepted"][metric] / r["deflate"]["declined"][metric]
                         for r in rounds])
