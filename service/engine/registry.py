@@ -152,8 +152,14 @@ class Registry:
                     owner = self.membership.owner_of(runtime.name)
                     log.info("%s: handing over to %s", runtime.name, owner)
                     await runtime.deactivate(checkpoint=True)
-                elif not await runtime.claim() and not runtime.lease.held:
-                    await runtime.deactivate(checkpoint=False)  # lost (fenced, or expired)
+                # Lost (fenced, expired, or overtaken by another owner's checkpoint): stop the
+                # writer without claiming again, since its state may be behind the latest
+                # checkpoint and the log trimmed past it; a later round takes the model afresh
+                # (activate: the checkpoint, then the log).
+                elif not runtime.lease.held or (
+                    not await runtime.claim() and not runtime.lease.held
+                ):
+                    await runtime.deactivate(checkpoint=False)
             elif wanted:
                 self._tried[runtime.name] = time.monotonic()
                 if await runtime.claim():
