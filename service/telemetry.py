@@ -148,8 +148,9 @@ REPLAYED = Counter(
 )
 CHECKPOINTS_FENCED = Counter(
     "opml_checkpoints_fenced_total",
-    "Checkpoints Redis refused because a newer fencing token was granted (this process had "
-    "lost the model's lease; another process owns it).",
+    "Checkpoints Redis refused because a newer fencing token was granted, or because the "
+    "stored checkpoint covers a later log position (this process had lost the model's lease; "
+    "another process owns it).",
     ["model"],
 )
 REDIS_ERRORS = Counter(

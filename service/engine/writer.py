@@ -99,7 +99,7 @@ from service.storage.codec import (
     entry_flags,
     format_id,
 )
-from service.storage.store import Appended, Fenced, Group, Store, Tail
+from service.storage.store import Appended, Fenced, Group, Overtaken, Store, Tail
 
 log = logging.getLogger("service.writer")
 
@@ -624,9 +624,14 @@ class Writer:
                 self.name,
                 pending.checkpoint,
                 pending.buffer,
+                applied=pending.applied,
                 trim_min_id=after(pending.applied),
                 fencing_token=pending.token,
             )
+        except Overtaken:
+            self.telemetry.checkpoints_fenced.inc()
+            self.lease.lose("Redis refused a checkpoint behind the stored one (another owner's)")
+            self._stopping = True
         except Fenced:
             self.telemetry.checkpoints_fenced.inc()
             self.lease.lose(

@@ -53,6 +53,11 @@ class Fenced(Exception):
     """A checkpoint was refused: a newer fencing token was granted to another writer."""
 
 
+class Overtaken(Fenced):
+    """A checkpoint was refused: the stored one covers a later log position (written by a
+    newer owner), so this writer's state is behind and must not replace it."""
+
+
 class NoSuchModel(Exception):
     """The model's keys are gone (deleted)."""
 

@@ -23,8 +23,8 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from service.storage.client import Connection
-from service.storage.codec import StreamId, encode_labels, parse_id
-from service.storage.errors import Fenced, NoSuchModel, TooManyClasses, guarded
+from service.storage.codec import StreamId, encode_labels, format_id, parse_id
+from service.storage.errors import Fenced, NoSuchModel, Overtaken, TooManyClasses, guarded
 from service.storage.keys import ModelKeys, wake_channel
 
 
@@ -221,14 +221,17 @@ class LogStore:
         ckpt: dict[str, bytes],
         buffer: dict[str, bytes],
         *,
+        applied: StreamId,
         trim_min_id: str,
         fencing_token: int,
     ) -> bool:
-        """Replace the checkpoint and H (:mod:`service.storage.checkpoint` fields) and trim the
-        log before ``trim_min_id``, atomically; False if the model is gone, :class:`Fenced` if
-        ``fencing_token`` is not the latest granted."""
+        """Replace the checkpoint and H (:mod:`service.storage.checkpoint` fields), which cover
+        the log up to ``applied``, and trim the log before ``trim_min_id``, atomically; False
+        if the model is gone. :class:`Fenced` if ``fencing_token`` is not the latest granted;
+        :class:`Overtaken` if the stored checkpoint covers a later position than ``applied``
+        (a newer owner's: the log it trimmed cannot be replayed onto this older state)."""
         keys = ModelKeys(name)
-        args: list[Any] = [trim_min_id, fencing_token, len(ckpt)]
+        args: list[Any] = [trim_min_id, fencing_token, format_id(applied), len(ckpt)]
         for pair in (*ckpt.items(), *buffer.items()):
             args += pair
         done = int(
@@ -238,6 +241,8 @@ class LogStore:
         )
         if done == -1:
             raise Fenced(name)
+        if done == -2:
+            raise Overtaken(name)
         return done == 1
 
     async def read_checkpoint(self, name: str) -> tuple[dict[str, bytes], dict[str, bytes]] | None:

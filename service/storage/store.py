@@ -31,6 +31,7 @@ from service.storage.errors import (
     NoSuchItem,
     NoSuchModel,
     NotReplicated,
+    Overtaken,
     TooManyClasses,
     guarded,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "NoSuchItem",
     "NoSuchModel",
     "NotReplicated",
+    "Overtaken",
     "Store",
     "Tail",
     "TooManyClasses",

@@ -22,7 +22,7 @@ from redis.asyncio import Redis as AsyncRedis
 from websockets.sync.client import connect
 
 from service.engine.membership import rendezvous
-from service.storage.store import Fenced, Store
+from service.storage.store import Fenced, Overtaken, Store
 from tests.service.placement import FAST, eventually, lease_holder, member, placed
 from tests.service.support import RedisServer, ServiceProcess, core_learner, make_model, stream
 
@@ -132,12 +132,55 @@ def test_fencing_refuses_a_checkpoint_with_an_older_token(own_redis: RedisServer
         assert await store.claim_lease("f", "p2", 60_000, "1.0", None) == (True, 3)
         args = ("f", {"meta": b"{}", "L": b"L"}, {})
         with pytest.raises(Fenced):  # p1 resumes and tries to save its older state
-            await store.write_checkpoint(*args, trim_min_id="0-1", fencing_token=2)
+            await store.write_checkpoint(*args, applied=(0, 0), trim_min_id="0-1",
+                                         fencing_token=2)  # fmt: skip
         assert await client.hget("opml:{f}:ckpt", "meta") is None
-        assert await store.write_checkpoint(*args, trim_min_id="0-1", fencing_token=3)
+        assert await store.write_checkpoint(*args, applied=(0, 0), trim_min_id="0-1",
+                                            fencing_token=3)  # fmt: skip
         assert await client.hget("opml:{f}:ckpt", "meta") == b"{}"
         assert await store.claim_lease("f", "p1", 60_000, "1.0", 2) == (False, 3)  # no renewal
         assert await store.claim_lease("f", "p2", 60_000, "2.0", 3) == (False, None)  # recreated
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_checkpoint_behind_the_stored_one_is_refused_whatever_its_token(
+    own_redis: RedisServer,
+) -> None:
+    """The checkpoint script refuses to move the checkpoint back to an earlier log position,
+    even for the latest token: the stored checkpoint trimmed the log the older state would need
+    to catch up. The same position may be written again, a later one replaces it."""
+
+    async def scenario() -> None:
+        client = AsyncRedis.from_url(own_redis.url)
+        store = Store(client)
+        assert await store.create_model("b", {"dim": 1}, 1.0)
+        for seq in range(1, 11):
+            await client.xadd("opml:{b}:log", {"n": b"1"}, id=f"{seq}-1")
+        assert await store.claim_lease("b", "p1", 60_000, "1.0", None) == (True, 1)
+
+        async def save(seq: int) -> bool:
+            fields = {"meta": str(seq).encode(), "applied": f"{seq}-1".encode()}
+            return await store.write_checkpoint(
+                "b", fields, {"a": str(seq).encode()}, applied=(seq, 1),
+                trim_min_id=f"{seq}-2", fencing_token=1,
+            )  # fmt: skip
+
+        assert await save(8)
+        assert await client.xlen("opml:{b}:log") == 2  # 9-1 and 10-1 are left
+        with pytest.raises(Overtaken):
+            await save(7)
+        with pytest.raises(Overtaken):  # the part of the position counts too
+            await store.write_checkpoint(
+                "b", {"meta": b"x"}, {}, applied=(8, 0), trim_min_id="8-1", fencing_token=1
+            )
+        assert await client.hgetall("opml:{b}:ckpt") == {b"meta": b"8", b"applied": b"8-1"}
+        assert await client.hgetall("opml:{b}:buffer") == {b"a": b"8"}
+        assert await save(8)  # the same position again (a final checkpoint with nothing new)
+        assert await save(10)
+        assert await client.hget("opml:{b}:ckpt", "applied") == b"10-1"
+        assert await client.xlen("opml:{b}:log") == 0
         await client.aclose()
 
     asyncio.run(scenario())

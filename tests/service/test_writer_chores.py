@@ -13,11 +13,17 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from service.config import Settings
+from service.core import Learner
 from service.engine import writer as writer_module
 from service.engine.runtime import ModelRuntime
 from service.storage import checkpoint
 from service.storage.store import Store
-from tests.service.runtime_support import assert_learned_like_the_core, run_with_runtime, until
+from tests.service.runtime_support import (
+    CONFIG,
+    assert_learned_like_the_core,
+    run_with_runtime,
+    until,
+)
 from tests.service.support import stream
 
 
@@ -148,3 +154,45 @@ def test_a_checkpoint_write_that_fails_falls_due_again(
         return len(attempts)
 
     assert run_with_runtime(redis_url, body, Settings(checkpoint_every=3)) == 2
+
+
+def test_a_writer_behind_the_stored_checkpoint_gives_the_model_up(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another owner checkpointed past this writer's position under the token this writer
+    holds (as when a lost lease is granted again to a process still behind): the writer's own
+    checkpoint is refused rather than moving the stored one back over the trimmed log; it
+    gives the lease up and stops learning. Its log reads are held so that it cannot find the
+    newer checkpoint first."""
+    monkeypatch.setattr(writer_module, "APPLY_DELAY_S", 0.0)
+    X, y = stream(8, 3, 3, seed=24)
+
+    async def body(runtime: ModelRuntime) -> None:
+        writer = runtime.writer
+        assert writer is not None
+        await runtime.ingest(X[:3], y[:3], wait=True)
+        assert runtime.snapshot.version == 3
+        newer = Learner(CONFIG)  # the newer owner learned five samples more
+        newer.learn_many(X, y)
+        fields = checkpoint.encode(newer, applied=(8, 1), metric_puts=0, time=1.0)
+        token = runtime.lease.token
+        assert token is not None
+        gate = Gate(monkeypatch, "read_tail")
+        try:
+            assert await runtime.store.write_checkpoint(
+                runtime.name, *fields, applied=(8, 1), trim_min_id="8-2", fencing_token=token
+            )
+            refused = writer.telemetry.checkpoints_fenced._value.get()
+            assert writer.board.current.applied < (8, 1)
+            await writer._write_checkpoint()
+            assert writer.telemetry.checkpoints_fenced._value.get() == refused + 1
+            assert not runtime.lease.held and writer._stopping
+        finally:
+            gate.open.set()
+        stored = await runtime.store.read_checkpoint(runtime.name)
+        assert stored is not None
+        restored = checkpoint.decode(*stored, dim=3)
+        assert restored.applied == (8, 1)
+        np.testing.assert_array_equal(restored.learner.L, newer.L)
+
+    run_with_runtime(redis_url, body)

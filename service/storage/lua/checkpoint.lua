@@ -1,13 +1,22 @@
 -- KEYS: meta, ckpt, buffer, log, fence
--- ARGV: trim min id, fencing token, n, then n ckpt field/value pairs, then buffer class/vector
---       pairs (the fields: service.storage.checkpoint)
+-- ARGV: trim min id, fencing token, the log position it covers ("<ms>-<part>"), n, then n ckpt
+--       field/value pairs, then buffer class/vector pairs (the fields: service.storage.checkpoint)
 -- -> 1 written | 0 no model | -1 fenced (a newer token was granted: this writer lost its lease)
+--    | -2 behind (the stored checkpoint covers a later position: written by a newer owner, and
+--    the log before it may be trimmed, so this older state must not replace it)
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if redis.call('GET', KEYS[5]) ~= ARGV[2] then return -1 end
-local n = tonumber(ARGV[3])
+local stored = redis.call('HGET', KEYS[2], 'applied')
+if stored then
+  local sms, spart = string.match(stored, '^(%d+)-(%d+)$')
+  local nms, npart = string.match(ARGV[3], '^(%d+)-(%d+)$')
+  sms, spart, nms, npart = tonumber(sms), tonumber(spart), tonumber(nms), tonumber(npart)
+  if sms > nms or (sms == nms and spart > npart) then return -2 end
+end
+local n = tonumber(ARGV[4])
 redis.call('DEL', KEYS[2])
-for i = 4, 3 + 2 * n, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+for i = 5, 4 + 2 * n, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
 redis.call('DEL', KEYS[3])
-for i = 4 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
+for i = 5 + 2 * n, #ARGV, 2 do redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1]) end
 redis.call('XTRIM', KEYS[4], 'MINID', ARGV[1])
 return 1
