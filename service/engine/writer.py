@@ -625,6 +625,7 @@ class Writer:
                 pending.checkpoint,
                 pending.buffer,
                 applied=pending.applied,
+                created_at=repr(self.lease.created_at),
                 trim_min_id=after(pending.applied),
                 fencing_token=pending.token,
             )

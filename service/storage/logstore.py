@@ -222,16 +222,19 @@ class LogStore:
         buffer: dict[str, bytes],
         *,
         applied: StreamId,
+        created_at: str,
         trim_min_id: str,
         fencing_token: int,
     ) -> bool:
         """Replace the checkpoint and H (:mod:`service.storage.checkpoint` fields), which cover
         the log up to ``applied``, and trim the log before ``trim_min_id``, atomically; False
-        if the model is gone. :class:`Fenced` if ``fencing_token`` is not the latest granted;
-        :class:`Overtaken` if the stored checkpoint covers a later position than ``applied``
-        (a newer owner's: the log it trimmed cannot be replayed onto this older state)."""
+        if the model is gone or is another incarnation (its ``created_at`` stamp differs: a
+        new one counts its fencing tokens from 1 again). :class:`Fenced` if ``fencing_token``
+        is not the latest granted; :class:`Overtaken` if the stored checkpoint covers a later
+        position than ``applied`` (a newer owner's: the log it trimmed cannot be replayed onto
+        this older state)."""
         keys = ModelKeys(name)
-        args: list[Any] = [trim_min_id, fencing_token, format_id(applied), len(ckpt)]
+        args: list[Any] = [trim_min_id, fencing_token, format_id(applied), created_at, len(ckpt)]
         for pair in (*ckpt.items(), *buffer.items()):
             args += pair
         done = int(

@@ -148,7 +148,8 @@ def test_the_store_works_through_any_node_even_a_replica(fresh: LocalCluster) ->
         ours, token = await store.claim_lease("m", "me", 60_000, "1.0", None)
         assert ours and token == 1
         assert await store.write_checkpoint("m", {"meta": b"{}", "applied": b"1-1"},
-                                            {"a": b"x"}, applied=(1, 1), trim_min_id="1-2",
+                                            {"a": b"x"}, applied=(1, 1), created_at="1.0",
+                                            trim_min_id="1-2",
                                             fencing_token=1)  # fmt: skip
         assert await store.read_checkpoint("m") == ({"meta": b"{}", "applied": b"1-1"},
                                                     {"a": b"x"})  # fmt: skip

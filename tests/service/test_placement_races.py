@@ -103,7 +103,12 @@ def test_a_writer_overtaken_by_another_owner_is_replaced_not_renewed(
             newer.learn_many(X[:8], y[:8])
             fields = checkpoint.encode(newer, applied=(8, 1), metric_puts=0, time=1.0)
             assert await other.write_checkpoint(
-                "overtaken", *fields, applied=(8, 1), trim_min_id="8-2", fencing_token=token
+                "overtaken",
+                *fields,
+                applied=(8, 1),
+                created_at=repr(runtime.created_at),
+                trim_min_id="8-2",
+                fencing_token=token,
             )
             assert runtime.snapshot.version == 3  # behind: it has not read the log
             held.set()

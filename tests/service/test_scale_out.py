@@ -132,11 +132,11 @@ def test_fencing_refuses_a_checkpoint_with_an_older_token(own_redis: RedisServer
         assert await store.claim_lease("f", "p2", 60_000, "1.0", None) == (True, 3)
         args = ("f", {"meta": b"{}", "L": b"L"}, {})
         with pytest.raises(Fenced):  # p1 resumes and tries to save its older state
-            await store.write_checkpoint(*args, applied=(0, 0), trim_min_id="0-1",
-                                         fencing_token=2)  # fmt: skip
+            await store.write_checkpoint(*args, applied=(0, 0), created_at="1.0",
+                                         trim_min_id="0-1", fencing_token=2)  # fmt: skip
         assert await client.hget("opml:{f}:ckpt", "meta") is None
-        assert await store.write_checkpoint(*args, applied=(0, 0), trim_min_id="0-1",
-                                            fencing_token=3)  # fmt: skip
+        assert await store.write_checkpoint(*args, applied=(0, 0), created_at="1.0",
+                                            trim_min_id="0-1", fencing_token=3)  # fmt: skip
         assert await client.hget("opml:{f}:ckpt", "meta") == b"{}"
         assert await store.claim_lease("f", "p1", 60_000, "1.0", 2) == (False, 3)  # no renewal
         assert await store.claim_lease("f", "p2", 60_000, "2.0", 3) == (False, None)  # recreated
@@ -163,7 +163,7 @@ def test_a_checkpoint_behind_the_stored_one_is_refused_whatever_its_token(
         async def save(seq: int) -> bool:
             fields = {"meta": str(seq).encode(), "applied": f"{seq}-1".encode()}
             return await store.write_checkpoint(
-                "b", fields, {"a": str(seq).encode()}, applied=(seq, 1),
+                "b", fields, {"a": str(seq).encode()}, applied=(seq, 1), created_at="1.0",
                 trim_min_id=f"{seq}-2", fencing_token=1,
             )  # fmt: skip
 
@@ -173,7 +173,13 @@ def test_a_checkpoint_behind_the_stored_one_is_refused_whatever_its_token(
             await save(7)
         with pytest.raises(Overtaken):  # the part of the position counts too
             await store.write_checkpoint(
-                "b", {"meta": b"x"}, {}, applied=(8, 0), trim_min_id="8-1", fencing_token=1
+                "b",
+                {"meta": b"x"},
+                {},
+                applied=(8, 0),
+                created_at="1.0",
+                trim_min_id="8-1",
+                fencing_token=1,
             )
         assert await client.hgetall("opml:{b}:ckpt") == {b"meta": b"8", b"applied": b"8-1"}
         assert await client.hgetall("opml:{b}:buffer") == {b"a": b"8"}
@@ -181,6 +187,35 @@ def test_a_checkpoint_behind_the_stored_one_is_refused_whatever_its_token(
         assert await save(10)
         assert await client.hget("opml:{b}:ckpt", "applied") == b"10-1"
         assert await client.xlen("opml:{b}:log") == 0
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_checkpoint_of_a_deleted_incarnation_is_refused(own_redis: RedisServer) -> None:
+    """A model deleted and created again counts its fencing tokens from 1 again, so a process
+    paused through both could hold a token equal to the new incarnation's: its checkpoint is
+    refused by the created stamp, not by the token."""
+
+    async def scenario() -> None:
+        client = AsyncRedis.from_url(own_redis.url)
+        store = Store(client)
+        assert await store.create_model("i", {"dim": 1}, 1.0)
+        assert await store.claim_lease("i", "p1", 60_000, "1.0", None) == (True, 1)
+        await store.delete_model("i")
+        assert await store.create_model("i", {"dim": 1}, 2.0)
+        assert await store.claim_lease("i", "p2", 60_000, "2.0", None) == (True, 1)
+
+        async def save(created_at: str) -> bool:
+            return await store.write_checkpoint(
+                "i", {"meta": created_at.encode(), "applied": b"5-1"}, {}, applied=(5, 1),
+                created_at=created_at, trim_min_id="5-2", fencing_token=1,
+            )  # fmt: skip
+
+        assert not await save("1.0")  # p1, paused through the delete, wakes up
+        assert await client.hget("opml:{i}:ckpt", "meta") is None
+        assert await save("2.0")
+        assert await client.hget("opml:{i}:ckpt", "meta") == b"2.0"
         await client.aclose()
 
     asyncio.run(scenario())

@@ -180,7 +180,12 @@ def test_a_writer_behind_the_stored_checkpoint_gives_the_model_up(
         gate = Gate(monkeypatch, "read_tail")
         try:
             assert await runtime.store.write_checkpoint(
-                runtime.name, *fields, applied=(8, 1), trim_min_id="8-2", fencing_token=token
+                runtime.name,
+                *fields,
+                applied=(8, 1),
+                created_at=repr(runtime.created_at),
+                trim_min_id="8-2",
+                fencing_token=token,
             )
             refused = writer.telemetry.checkpoints_fenced._value.get()
             assert writer.board.current.applied < (8, 1)
