@@ -145,6 +145,9 @@ class Writer:
         self.store = store
         self.settings = settings
         self.lease = lease
+        #: The model's created_at stamp as Redis holds it: the scripts that write refuse (or
+        #: skip) another incarnation of the model.
+        self._created = repr(lease.created_at)
         self.results = results
         self.telemetry = series
         self.learner = Learner(config)
@@ -282,7 +285,7 @@ class Writer:
         the next step reads the log instead of applying offered entries. ``current``: the
         snapshot it reads after; ``expected``: the id of the offered entry that follows."""
         tail = await self.store.read_tail(
-            self.name, after(current.applied), 1, applied=current.version
+            self.name, after(current.applied), 1, applied=current.version, created_at=self._created
         )
         self._read_at = read_at
         if self._overtaken(tail):
@@ -417,7 +420,11 @@ class Writer:
         self._heard = False  # cleared before the read: one heard during it is read next
         current = self.board.current
         tail = await self.store.read_tail(
-            self.name, after(current.applied), count, applied=current.version
+            self.name,
+            after(current.applied),
+            count,
+            applied=current.version,
+            created_at=self._created,
         )
         self._read_at = read_at
         self._unconfirmed = False
@@ -625,7 +632,7 @@ class Writer:
                 pending.checkpoint,
                 pending.buffer,
                 applied=pending.applied,
-                created_at=repr(self.lease.created_at),
+                created_at=self._created,
                 trim_min_id=after(pending.applied),
                 fencing_token=pending.token,
             )

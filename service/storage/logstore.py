@@ -196,14 +196,19 @@ class LogStore:
             await self._confirmed(name, entry)
         return entry
 
-    async def read_tail(self, name: str, after: str, count: int, *, applied: int) -> Tail:
+    async def read_tail(
+        self, name: str, after: str, count: int, *, applied: int, created_at: str
+    ) -> Tail:
         """Up to ``count`` entries (one or more samples each) with ids >= ``after`` (with
         replicas awaited: up to the confirmed watermark), and the checkpoint's position, read
         atomically: if the checkpoint is past ``after`` the log before it is trimmed. Publishes
-        the reader's ``applied`` seq too (see ``read_tail.lua``)."""
+        the reader's ``applied`` seq too, unless the model is another incarnation than the
+        reader's (its ``created_at`` stamp differs; see ``read_tail.lua``)."""
         keys = ModelKeys(name)
         entries, (ckpt_applied, at), confirmed = await self.conn.run(
-            "read_tail", [keys.log, keys.checkpoint, keys.meta], [after, count, applied]
+            "read_tail",
+            [keys.log, keys.checkpoint, keys.meta],
+            [after, count, applied, created_at],
         )
         tail = [(parse_id(entry_id), _pairs(flat)) for entry_id, flat in entries]
         if self.conn.wait_replicas:  # only what replicas confirmed (see the module docstring)

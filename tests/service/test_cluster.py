@@ -143,7 +143,8 @@ def test_the_store_works_through_any_node_even_a_replica(fresh: LocalCluster) ->
                                                 max_classes=10)  # fmt: skip
         assert isinstance(appended, Appended)
         assert (appended.first_seq, appended.last_seq, appended.replayed) == (1, 1, False)
-        tail = await store.read_tail("m", "0-0", 10, applied=0)  # a script within the model's slot
+        # a script within the model's slot
+        tail = await store.read_tail("m", "0-0", 10, applied=0, created_at="1.0")
         assert [entry for entry, _ in tail.entries] == [(1, 1)]
         ours, token = await store.claim_lease("m", "me", 60_000, "1.0", None)
         assert ours and token == 1
@@ -153,7 +154,8 @@ def test_the_store_works_through_any_node_even_a_replica(fresh: LocalCluster) ->
                                             fencing_token=1)  # fmt: skip
         assert await store.read_checkpoint("m") == ({"meta": b"{}", "applied": b"1-1"},
                                                     {"a": b"x"})  # fmt: skip
-        assert (await store.read_tail("m", "1-2", 10, applied=0)).checkpoint_applied == (1, 1)
+        tail = await store.read_tail("m", "1-2", 10, applied=0, created_at="1.0")
+        assert tail.checkpoint_applied == (1, 1)
         # across slots: one non-transactional pipeline, split by the client
         names = ["m", *(f"other{i}" for i in range(8))]
         assert len({key_slot(ModelKeys(n).meta.encode()) for n in names}) == len(names)
@@ -199,7 +201,7 @@ def test_wait_counts_the_replicas_that_have_this_very_append(fresh: LocalCluster
                 await store.append_groups(name, [group], now_ms=0, ttl_ms=60_000, max_classes=9)
             assert master.client().xlen(ModelKeys(name).log) == 1  # in the master ...
             assert (
-                await store.read_tail(name, "0-0", 10, applied=0)
+                await store.read_tail(name, "0-0", 10, applied=0, created_at="1.0")
             ).entries == []  # ... not readable
             assert await store.logged_seq(name) == 0
         finally:
@@ -208,9 +210,12 @@ def test_wait_counts_the_replicas_that_have_this_very_append(fresh: LocalCluster
         (again,) = await store.append_groups(name, [group], now_ms=0, ttl_ms=60_000, max_classes=9)
         assert isinstance(again, Appended)
         assert (again.first_seq, again.last_seq, again.replayed) == (1, 1, True)
-        assert [e for e, _ in (await store.read_tail(name, "0-0", 10, applied=0)).entries] == [
-            (1, 1)
-        ]
+        assert [
+            e
+            for e, _ in (
+                await store.read_tail(name, "0-0", 10, applied=0, created_at="1.0")
+            ).entries
+        ] == [(1, 1)]
         assert await store.logged_seq(name) == 1
         await store.aclose()
 
@@ -244,7 +249,7 @@ def test_appends_follow_a_slot_that_moved_to_another_master(fresh: LocalCluster)
                                                     max_classes=9)  # fmt: skip
             assert isinstance(appended, Appended) and appended.first_seq == i + 1
         # the waiting store reads up to what WAIT confirmed: not the plain store's last append
-        tail = await waiting.read_tail(name, "0-0", 10, applied=0)
+        tail = await waiting.read_tail(name, "0-0", 10, applied=0, created_at="1.0")
         assert [entry for entry, _ in tail.entries] == [(1, 1), (2, 1), (3, 1)]
         for store in (plain, waiting):
             await store.aclose()

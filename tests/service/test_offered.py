@@ -31,9 +31,9 @@ def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     reads: list[int] = []
     read_tail = Store.read_tail
 
-    async def counted(self: Store, name: str, after: str, count: int, *, applied: int) -> Any:
+    async def counted(self: Store, name: str, after: str, count: int, **kwargs: Any) -> Any:
         reads.append(count)
-        return await read_tail(self, name, after, count, applied=applied)
+        return await read_tail(self, name, after, count, **kwargs)
 
     monkeypatch.setattr(Store, "read_tail", counted)
     return reads

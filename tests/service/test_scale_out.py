@@ -192,10 +192,11 @@ def test_a_checkpoint_behind_the_stored_one_is_refused_whatever_its_token(
     asyncio.run(scenario())
 
 
-def test_a_checkpoint_of_a_deleted_incarnation_is_refused(own_redis: RedisServer) -> None:
+def test_a_deleted_incarnation_writes_nothing_into_the_new_model(own_redis: RedisServer) -> None:
     """A model deleted and created again counts its fencing tokens from 1 again, so a process
     paused through both could hold a token equal to the new incarnation's: its checkpoint is
-    refused by the created stamp, not by the token."""
+    refused by the created stamp, not by the token; its log reads publish no applied seq into
+    the new model's meta (other processes' admission control reads it)."""
 
     async def scenario() -> None:
         client = AsyncRedis.from_url(own_redis.url)
@@ -214,6 +215,10 @@ def test_a_checkpoint_of_a_deleted_incarnation_is_refused(own_redis: RedisServer
 
         assert not await save("1.0")  # p1, paused through the delete, wakes up
         assert await client.hget("opml:{i}:ckpt", "meta") is None
+        await store.read_tail("i", "0-0", 10, applied=7, created_at="1.0")
+        assert await client.hget("opml:{i}:meta", "applied") is None
+        await store.read_tail("i", "0-0", 10, applied=3, created_at="2.0")
+        assert await client.hget("opml:{i}:meta", "applied") == b"3"
         assert await save("2.0")
         assert await client.hget("opml:{i}:ckpt", "meta") == b"2.0"
         await client.aclose()
