@@ -20,7 +20,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
+import redis
 
 from benchmarks.__main__ import BENCHMARKS, BY_NAME, listing
 from benchmarks.harness.targets import Target, start_floor
@@ -118,6 +120,21 @@ def test_the_floor_app_ingests_durably_and_answers_queries(floor: Target) -> Non
     query = floor.loadgen("query", "--model", "q", "--dim", 8, "--target", "verify",
                           "--rate", 50, "--seconds", 0.3, "--pool", 2)  # fmt: skip
     assert query["ok"] == query["requests"] > 0
+
+
+def test_the_floor_keeps_only_its_last_samples_in_the_log(floor: Target) -> None:
+    """As the service's checkpoints trim its log, the floor keeps the entries that hold its
+    last KEPT_SAMPLES samples (an unbounded log would grow by gigabytes in a benchmark)."""
+    from benchmarks.harness.floor import KEPT_SAMPLES
+
+    batch = {"samples": [{"x": [0.5] * 64, "y": k % 3} for k in range(1000)]}
+    with httpx.Client(base_url=floor.url, timeout=60) as client:
+        for _ in range(KEPT_SAMPLES // 1000 + 2):
+            assert client.post("/v1/models/m/samples", json=batch).status_code == 202
+    with redis.Redis(port=floor.redis_port) as r:
+        ids = [entry_id for entry_id, _ in r.xrange("floor:log")]
+        assert r.hget("floor:meta", "seq") == str(KEPT_SAMPLES + 2000).encode()
+    assert ids == [f"{s}-1".encode() for s in range(3000, KEPT_SAMPLES + 3000, 1000)]
 
 
 def test_the_committed_docs_page_matches_the_committed_results() -> None:

@@ -10,8 +10,11 @@ Per one-sample frame or request it does the durable work and nothing else: parse
 the binary frame's header and block), check the vector (dimension, finite), append with one
 Lua script in the manner of the service's (sequence number, stream entry, label set, frame-id
 record), group-committed (every append that arrives while a script call is in flight goes
-into the next call, so one fsync covers them all), then acknowledge. No learner, no
-idempotency replay, no validation messages, no metrics, no authentication.
+into the next call, so one fsync covers them all), then acknowledge. The log is kept to its
+last :data:`KEPT_SAMPLES` samples, as the service's checkpoints (every 10,000 samples by
+default) trim its log: an unbounded log would grow by gigabytes during the binary runs and
+make the Redis server that both share rewrite its AOF under either side's measurements. No
+learner, no idempotency replay, no validation messages, no metrics, no authentication.
 
 Queries (``distance``, ``verify``, ``identify``): parse, one read of a matrix cached in the
 process, numpy (one BLAS thread, as the service pins its small products), answer.
@@ -44,13 +47,19 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-#: One call appends every group of ARGV (id, n, x, y): the next sequence numbers, one stream
-#: entry each, the label into the label set, the frame id's record; returns first/last seq.
+#: The samples the floor's log keeps (the service's default ``OPML_CHECKPOINT_EVERY``).
+KEPT_SAMPLES = 10_000
+
+#: One call appends every group of ARGV[2:] (id, n, x, y): the next sequence numbers, one
+#: stream entry each, the label into the label set, the frame id's record; then trims the log
+#: to the entries holding its last ARGV[1] samples (an entry ``<last seq>-1`` goes once all its
+#: samples are older), as the service's checkpoint script trims its log; returns first/last
+#: seq per group.
 APPEND = """
 local seq = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
 local out = {}
-local p = 2
-for g = 1, tonumber(ARGV[1]) do
+local p = 3
+for g = 1, tonumber(ARGV[2]) do
   local id, n, x, y = ARGV[p], tonumber(ARGV[p + 1]), ARGV[p + 2], ARGV[p + 3]
   p = p + 4
   local first = seq + 1
@@ -62,6 +71,8 @@ for g = 1, tonumber(ARGV[1]) do
   out[#out + 1] = seq
 end
 redis.call('HSET', KEYS[1], 'seq', seq)
+local keep = tonumber(ARGV[1])
+if seq > keep then redis.call('XTRIM', KEYS[2], 'MINID', seq - keep + 1) end
 return out
 """
 KEYS = ["floor:meta", "floor:log", "floor:labels", "floor:ids"]
@@ -90,7 +101,7 @@ class GroupCommit:
             batch, self.pending = self.pending, []
             if not batch:
                 continue
-            args: list[Any] = [len(batch)]
+            args: list[Any] = [KEPT_SAMPLES, len(batch)]
             for group, _ in batch:
                 args += group
             try:

@@ -5,7 +5,8 @@
 
 Starts ``python -m service`` (embedded Redis, ``appendfsync always``, d = 64, ``normalize:
 l2``), the floor app (:mod:`benchmarks.harness.floor`: parse, one Lua append group-committed on
-the same Redis, ack; nothing else) and, for compression, two more services, one with the
+the same Redis, its log trimmed as the service's checkpoints trim the service's, ack; nothing
+else) and, for compression, two more services, one with the
 defaults and one with ``OPML_WS_PER_MESSAGE_DEFLATE=true``. In each of ``--rounds`` rounds,
 the same client (:mod:`benchmarks.harness.loadgen`, a process of its own) measures each of
 these on the service and on the floor back to back, the order alternating from round to round:
@@ -277,7 +278,8 @@ def report(data: dict[str, Any]) -> list[str]:
         "## Service / floor (median over rounds, range in brackets)",
         "",
         "The floor is a bare uvicorn app doing only the durable work (parse, one Lua append "
-        "group-committed on the same Redis with `appendfsync always`, ack), measured by the same "
+        "group-committed on the same Redis with `appendfsync always`, the log trimmed to its "
+        "last 10,000 samples as the service's checkpoints trim its own, ack), measured by the same "
         "client back to back with the service (the order alternating by round), each from a "
         "settled service (its learner caught up). Throughput: at or above 1.0 means the "
         "service keeps up with "
