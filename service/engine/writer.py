@@ -339,9 +339,14 @@ class Writer:
         checkpointed = tail.checkpoint_applied
         if checkpointed is None or checkpointed <= self.board.current.applied:
             return False
-        self.lease.lose("another process checkpointed past this one's position")
-        self._stopping = True
+        self._give_up("another process checkpointed past this one's position")
         return True
+
+    def _give_up(self, why: str) -> None:
+        """Another owner's checkpoint is past this writer's state: lose the lease and stop
+        learning (the registry drops this writer and may later take the model afresh)."""
+        self.lease.lose(why)
+        self._stopping = True
 
     def kick(self) -> None:
         """Look at the log (and whether a checkpoint is due) now."""
@@ -638,8 +643,7 @@ class Writer:
             )
         except Overtaken:
             self.telemetry.checkpoints_fenced.inc()
-            self.lease.lose("Redis refused a checkpoint behind the stored one (another owner's)")
-            self._stopping = True
+            self._give_up("Redis refused a checkpoint behind the stored one (another owner's)")
         except Fenced:
             self.telemetry.checkpoints_fenced.inc()
             self.lease.lose(
