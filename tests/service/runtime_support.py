@@ -1,5 +1,6 @@
 """Helpers of the tests that run a model's runtime in the test process on a real Redis (no
-service process): a fresh model and its runtime, the core learner's reference, a bounded wait."""
+service process): a fresh model and its runtime, the core learner's reference, a bounded wait,
+a gate that holds a store method's calls."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
+import pytest
 
 from service.config import Settings
 from service.core import Learner, LearnerConfig
@@ -60,3 +62,28 @@ async def until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached"
         await asyncio.sleep(0.005)
+
+
+class Gate:
+    """Holds every call of one store method until opened; counts the calls in flight."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, method: str, when: Any = None) -> None:
+        self.open = asyncio.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.calls = 0
+        original = getattr(Store, method)
+
+        async def held(store: Store, *args: Any, **kwargs: Any) -> Any:
+            if when is not None and not when(*args, **kwargs):
+                return await original(store, *args, **kwargs)
+            self.calls += 1
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                await self.open.wait()
+                return await original(store, *args, **kwargs)
+            finally:
+                self.in_flight -= 1
+
+        monkeypatch.setattr(Store, method, held)

@@ -13,7 +13,6 @@ not claim the lease again for that stopped writer: the model was then held and n
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +24,7 @@ from service.storage import checkpoint
 from service.storage.codec import encode_vector
 from service.storage.keys import ModelKeys
 from service.storage.store import Group, Store
-from tests.service.runtime_support import until
+from tests.service.runtime_support import CONFIG, Gate, until
 from tests.service.support import RedisServer, stream
 
 
@@ -72,34 +71,28 @@ def test_a_writer_overtaken_by_another_owner_is_replaced_not_renewed(
     the writer's log reads are held; once they return, the writer finds the newer checkpoint
     and gives the lease up. The placement then starts a new writer from that checkpoint (which
     learns on), rather than renewing the lease for the stopped one."""
-    config = LearnerConfig(dim=3, gamma=0.05)
     X, y = stream(12, 3, 3, seed=31)
-    held = asyncio.Event()
-    read_tail = Store.read_tail
-
-    async def gated(store: Store, *args: Any, **kwargs: Any) -> Any:
-        await held.wait()
-        return await read_tail(store, *args, **kwargs)
 
     async def run() -> None:
         store = Store.connect(own_redis.url, 5.0)
         other = Store.connect(own_redis.url, 5.0)  # the other process's connection
         registry = Registry(store, Settings(), "http://placement-test")
         registry.start()
+        gate: Gate | None = None
         try:
             await asyncio.wait_for(registry.loaded.wait(), 30)
-            runtime = await registry.create("overtaken", config)
+            runtime = await registry.create("overtaken", CONFIG)
             await asyncio.wait_for(runtime.caught_up(), 30)
             await runtime.ingest(X[:3], y[:3], wait=True)
             first = runtime.writer
             token = runtime.lease.token
             assert first is not None and token is not None
-            monkeypatch.setattr(Store, "read_tail", gated)
+            gate = Gate(monkeypatch, "read_tail")
             await other.append_groups(
                 "overtaken", [Group(encode_vector(X[3:8]), y[3:8], "", "fp")],
                 now_ms=0, ttl_ms=60_000, max_classes=10,
             )  # fmt: skip
-            newer = Learner(config)
+            newer = Learner(CONFIG)
             newer.learn_many(X[:8], y[:8])
             fields = checkpoint.encode(newer, applied=(8, 1), metric_puts=0, time=1.0)
             assert await other.write_checkpoint(
@@ -111,7 +104,7 @@ def test_a_writer_overtaken_by_another_owner_is_replaced_not_renewed(
                 fencing_token=token,
             )
             assert runtime.snapshot.version == 3  # behind: it has not read the log
-            held.set()
+            gate.open.set()
             await until(lambda: not first.lease.held or runtime.writer is not first)
             for _ in range(2):  # a round drops the lost writer, the next takes the model
                 await registry._place(runtime)
@@ -120,11 +113,12 @@ def test_a_writer_overtaken_by_another_owner_is_replaced_not_renewed(
             assert runtime.snapshot.version == 8
             np.testing.assert_array_equal(runtime.snapshot.L, newer.L)
             await runtime.ingest(X[8:], y[8:], wait=True)  # and it learns on
-            ref = Learner(config)
+            ref = Learner(CONFIG)
             ref.learn_many(X, y)
             np.testing.assert_allclose(runtime.snapshot.L, ref.L, rtol=0, atol=1e-12)
         finally:
-            held.set()
+            if gate is not None:
+                gate.open.set()
             await registry.close()
             await other.aclose()
             await store.aclose()

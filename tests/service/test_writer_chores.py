@@ -20,36 +20,12 @@ from service.storage import checkpoint
 from service.storage.store import Store
 from tests.service.runtime_support import (
     CONFIG,
+    Gate,
     assert_learned_like_the_core,
     run_with_runtime,
     until,
 )
 from tests.service.support import stream
-
-
-class Gate:
-    """Holds every call of one store method until opened; counts the calls in flight."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, method: str, when: Any = None) -> None:
-        self.open = asyncio.Event()
-        self.in_flight = 0
-        self.most_in_flight = 0
-        self.calls = 0
-        original = getattr(Store, method)
-
-        async def held(store: Store, *args: Any, **kwargs: Any) -> Any:
-            if when is not None and not when(*args, **kwargs):
-                return await original(store, *args, **kwargs)
-            self.calls += 1
-            self.in_flight += 1
-            self.most_in_flight = max(self.most_in_flight, self.in_flight)
-            try:
-                await self.open.wait()
-                return await original(store, *args, **kwargs)
-            finally:
-                self.in_flight -= 1
-
-        monkeypatch.setattr(Store, method, held)
 
 
 def test_offered_entries_are_learned_while_the_periodic_read_is_held(
