@@ -43,7 +43,7 @@ from service.engine.status import ModelStatus
 from service.engine.tasks import stop_task, wait_event
 from service.engine.writer import Writer
 from service.errors import Conflict, LimitExceeded, NotFound, Unavailable
-from service.storage.codec import StreamId, encode_flags, encode_vector, sample_id
+from service.storage.codec import StreamId, block_bytes, encode_flags, encode_vector, sample_id
 from service.storage.group_commit import GroupCommit
 from service.storage.store import Appended as Appended
 from service.storage.store import Group, NoSuchModel, Store, TooManyClasses
@@ -69,7 +69,7 @@ class IngestResult:
     results: list[dict[str, Any]] | None = None
 
 
-def fingerprint(x: bytes, keys: list[str], holdout: Flags | None = None) -> str:
+def fingerprint(x: bytes | memoryview, keys: list[str], holdout: Flags | None = None) -> str:
     """A digest of an append's samples (``x``: their rows as logged, :func:`~service.storage.
     codec.encode_vector`) and their ``holdout`` flags (an idempotency key reused with other
     samples is 409).
@@ -477,7 +477,7 @@ class ModelRuntime:
         try:
             if self.closed:
                 raise NotFound(f"model {self.name!r} was deleted")
-            x = encode_vector(X)  # hashed and logged: the same bytes
+            x = block_bytes(X)  # hashed and logged: the same bytes
             group = Group(
                 x, keys, idempotency_field, fingerprint(x, keys, holdout), encode_flags(holdout)
             )

@@ -27,7 +27,6 @@ from importlib import resources
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
-import hiredis
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.connection import AbstractConnection
@@ -38,7 +37,7 @@ from redis.exceptions import AskError, ConnectionError, NoScriptError, RedisClus
 from redis.maint_notifications import MaintNotificationsConfig
 
 from service.storage.errors import ClusterUnavailable, NotReplicated
-from service.storage.lane import Lane
+from service.storage.lane import Lane, pack_command
 
 log = logging.getLogger("service.store")
 
@@ -99,12 +98,12 @@ def _client_options(timeout_s: float, retries: int) -> dict[str, Any]:
 
 
 class _CPacking:
-    """Commands packed by hiredis's C packer (``hiredis.pack_command``), as redis-py's
-    synchronous client does when hiredis is installed; its asyncio connections pack every
-    argument in Python, a cost the one-sample-per-frame path pays per append
-    (docs/design/append-lane.md). The bytes are the same (numbers as ``repr``, strings as UTF-8); an
-    argument hiredis does not take (a bool, None, a lone surrogate) goes to redis-py's own packer,
-    which refuses it as it always did."""
+    """Commands packed by hiredis's C packer (:func:`~service.storage.lane.pack_command`, which
+    packs a command with a large argument beside it), as redis-py's synchronous client does
+    when hiredis is installed; its asyncio connections pack every argument in Python, a cost
+    the one-sample-per-frame path pays per append (docs/design/append-lane.md). The bytes are
+    the same (numbers as ``repr``, strings as UTF-8); an argument hiredis does not take (a bool,
+    None, a lone surrogate) goes to redis-py's own packer, which refuses it as it always did."""
 
     def pack_command(self, *args: Any) -> list[bytes]:
         head = args[0]  # a command name may hold its subcommand ("SCRIPT LOAD"): split it
@@ -113,7 +112,7 @@ class _CPacking:
         elif b" " in head:
             args = (*head.split(), *args[1:])
         try:
-            return [hiredis.pack_command(args)]
+            return cast(list[bytes], pack_command(args))
         except (TypeError, ValueError):
             return cast(list[bytes], super().pack_command(*args))  # type: ignore[misc]
 

@@ -63,6 +63,29 @@ def encode_vector(x: Array) -> bytes:
     return np.ascontiguousarray(x, dtype=DTYPE).tobytes()
 
 
+def block_bytes(X: Array) -> bytes | memoryview:
+    """The bytes of a block of samples as :func:`encode_vector` gives them; a view of them, not
+    a copy, when ``X`` is a read-only float64 view of an immutable ``bytes`` (a binary frame's
+    block as received), so that nothing can change them before they are logged.
+
+    >>> raw = np.arange(4.0).tobytes()
+    >>> view = block_bytes(np.frombuffer(raw, dtype=DTYPE).reshape(2, 2))
+    >>> type(view).__name__, bytes(view) == raw
+    ('memoryview', True)
+    >>> type(block_bytes(np.arange(4.0))).__name__  # writable: copied
+    'bytes'
+    """
+    if X.dtype == DTYPE and X.flags.c_contiguous and not X.flags.writeable:
+        base: Any = X
+        while isinstance(base, np.ndarray):
+            base = base.base
+        if isinstance(base, memoryview):
+            base = base.obj
+        if type(base) is bytes:
+            return memoryview(X.data).cast("B")
+    return encode_vector(X)
+
+
 def decode_vector(raw: bytes, n: int) -> Array:
     """``n`` float64 values from raw bytes (ValueError if the length is wrong)."""
     if len(raw) != n * DTYPE.itemsize:

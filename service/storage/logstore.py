@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from service.storage.client import Connection
 from service.storage.codec import StreamId, encode_labels, format_id, parse_id
@@ -49,7 +49,7 @@ class Group:
     class keys; its idempotency field ('' = none), the fingerprint of its samples and their
     ``holdout`` flags."""
 
-    x: bytes
+    x: bytes | memoryview
     keys: list[str]
     idempotency_field: str
     fingerprint: str
@@ -69,7 +69,10 @@ class Group:
         """The fields of the log entry the append script (``append.lua``'s XADD) makes of this
         group, as a read of the log returns them (the writer applies an append of its own
         process from these, :meth:`service.engine.writer.Writer.offer`)."""
-        fields = {b"n": b"%d" % len(self.keys), b"x": self.x, b"y": self.labels}
+        # ``x`` may be a view of a frame's immutable bytes (codec.block_bytes), which decodes as
+        # bytes do (np.frombuffer): not copied for the type's sake.
+        x = cast(bytes, self.x)
+        fields = {b"n": b"%d" % len(self.keys), b"x": x, b"y": self.labels}
         if self.holdout:
             fields[b"h"] = self.holdout
         return fields

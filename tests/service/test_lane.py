@@ -6,17 +6,19 @@ connects again, and it connects as redis-py does (password, database, client nam
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import hiredis
 import pytest
 import redis
 from redis.exceptions import AuthenticationError, ConnectionError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from service.storage.lane import Lane
+from service.storage.lane import LARGE_ARGUMENT, Lane, pack_command
 from service.storage.store import Store, connect
 from tests.service.support import RedisServer
 
@@ -151,3 +153,45 @@ def test_the_store_appends_through_a_lane_only_where_it_can(own_redis: RedisServ
     assert Lane.of(connect("rediss://127.0.0.1:1/0", 1.0)) is None
     unix = Lane.of(connect("unix:///tmp/opml.sock?db=2", 1.0))
     assert unix is not None and (unix.endpoint.path, unix.endpoint.db) == ("/tmp/opml.sock", 2)
+
+
+def test_a_command_with_a_large_argument_is_packed_as_hiredis_packs_it() -> None:
+    rng = random.Random(5)
+    sizes = [0, 1, LARGE_ARGUMENT, LARGE_ARGUMENT + 1, 700_000]
+    for _ in range(200):
+        command: list[Any] = ["EVALSHA", "f" * 40, rng.randrange(4)]
+        for _ in range(rng.randrange(1, 12)):
+            kind = rng.randrange(5)
+            if kind == 0:
+                command.append(rng.randbytes(rng.choice(sizes)))
+            elif kind == 1:
+                command.append("é" * rng.choice(sizes[:3]) + "\r\n")
+            elif kind == 2:
+                command.append(rng.randrange(-(10**20), 10**20))
+            elif kind == 3:
+                command.append(rng.random() * 1e6)  # a float: hiredis's own repr
+            else:  # a view of bytes, as a binary frame's block is logged
+                command.append(memoryview(rng.randbytes(rng.choice(sizes))))
+        parts = pack_command(tuple(command))
+        assert b"".join(parts) == hiredis.pack_command(tuple(command))
+        if not any(type(a) is float for a in command):  # large arguments are sent, not copied
+            large = [
+                a for a in command if isinstance(a, bytes | memoryview) and len(a) > LARGE_ARGUMENT
+            ]
+            assert [p for p in parts if any(p is a for a in large)] == large
+    refusals: list[tuple[Any, ...]] = [("SET", "k", None), ("SET", "k", True, b"x" * 20_000)]
+    for refused in refusals:
+        with pytest.raises((TypeError, ValueError)):
+            hiredis.pack_command(refused)
+        with pytest.raises((TypeError, ValueError)):
+            pack_command(refused)
+
+
+def test_a_large_argument_reaches_the_script_whole(own_redis: RedisServer) -> None:
+    block = random.Random(6).randbytes(600_000)
+
+    async def body(lane: Lane, client: Any) -> list[Any]:
+        echo = client.register_script(ECHO)
+        return await asyncio.gather(*(lane.script(echo, [f"k{i}"], [block]) for i in range(3)))
+
+    assert run(own_redis.url, body) == [[f"k{i}".encode(), block] for i in range(3)]

@@ -294,7 +294,8 @@ def parse_binary(data: bytes, dim: int) -> tuple[Any, BinaryFrame | ServiceError
             f"for {n} labels, got {len(raw_block)} bytes",
             [{"loc": ["block"], "msg": "wrong length", "type": "value_error"}],
         )
-    X = np.frombuffer(raw_block, dtype=BLOCK_DTYPE).astype(np.float64).reshape(n, dim)
+    # A read-only view of the frame, not a copy: it is logged as it came (codec.block_bytes).
+    X = np.frombuffer(raw_block, dtype=BLOCK_DTYPE).reshape(n, dim)
     return head.id, BinaryFrame(head.id, Block(X, list(head.y), head.holdout))
 
 
