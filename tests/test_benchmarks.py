@@ -126,7 +126,9 @@ def test_the_floor_keeps_only_its_last_samples_in_the_log(floor: Target) -> None
     """As the service's checkpoints trim its log, the floor keeps the entries that hold its
     last KEPT_SAMPLES samples (an unbounded log would grow by gigabytes in a benchmark)."""
     from benchmarks.harness.floor import KEPT_SAMPLES
+    from service.config import Settings
 
+    assert Settings.model_fields["checkpoint_every"].default == KEPT_SAMPLES
     batch = {"samples": [{"x": [0.5] * 64, "y": k % 3} for k in range(1000)]}
     with httpx.Client(base_url=floor.url, timeout=60) as client:
         for _ in range(KEPT_SAMPLES // 1000 + 2):

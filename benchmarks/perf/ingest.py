@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.harness.cli import parse
+from benchmarks.harness.floor import KEPT_SAMPLES
 from benchmarks.harness.loadgen import JSON_HEADERS, RawPool, _dumps, _row, stream
 from benchmarks.harness.machine import loadavg, machine_block, machine_info
 from benchmarks.harness.results import result_stem, run_record, write_results
@@ -279,7 +280,8 @@ def report(data: dict[str, Any]) -> list[str]:
         "",
         "The floor is a bare uvicorn app doing only the durable work (parse, one Lua append "
         "group-committed on the same Redis with `appendfsync always`, the log trimmed to its "
-        "last 10,000 samples as the service's checkpoints trim its own, ack), measured by the same "
+        f"last {KEPT_SAMPLES:,} samples as the service's checkpoints trim its own, ack), measured "
+        "by the same "
         "client back to back with the service (the order alternating by round), each from a "
         "settled service (its learner caught up). Throughput: at or above 1.0 means the "
         "service keeps up with "
