@@ -12,6 +12,8 @@ module and that no import cycle exists anywhere in ``service/``):
 * ``errors.py`` -- the domain's errors (a slug and a sentence each). Imports nothing.
 * ``config.py`` -- every setting (pydantic-settings, ``OPML_*``). Imports nothing.
 * ``logs.py`` -- the logging configuration of the command line (one format). Imports nothing.
+* ``allocator.py`` -- the C allocator's thresholds for large buffers, set by the command line.
+  Imports nothing.
 * ``telemetry.py`` -- the Prometheus telemetry (event series) and each model's bound series. Imports
   ``core``.
 * ``storage/`` -- Redis: key names, byte layouts, the Lua scripts (``storage/lua/``), one store

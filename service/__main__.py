@@ -49,6 +49,7 @@ from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from service import logs
+from service.allocator import keep_large_buffers
 from service.config import Settings
 from service.security import KeyRing, bind_refusal, is_loopback
 
@@ -205,6 +206,8 @@ def _stopped(signum: int, _: FrameType | None) -> None:
 def serve(settings: Settings) -> int | signal.Signals:
     """Run the service until a signal stops it; the exit status, or the stopping signal."""
     logs.configure(settings.log_level, settings.access_log)
+    skipped = keep_large_buffers() if settings.keep_large_buffers else "OPML_KEEP_LARGE_BUFFERS off"
+    log.debug("malloc thresholds: %s", skipped or "large buffers kept in the process")
     try:
         keys = KeyRing.parse(settings.api_keys)
     except ValueError as exc:

@@ -59,6 +59,14 @@ class Settings(BaseSettings):
         "log, at info level). Off by default (the telemetry counts requests); on at "
         "OPML_LOG_LEVEL=debug too.",
     )
+    keep_large_buffers: bool = Field(
+        default=True,
+        description="On glibc, raise malloc's thresholds at start-up so that freed buffers "
+        "up to 4 MiB are reused instead of faulted in again (binary frames: 5-15 % less "
+        "CPU per sample; the resident size can stay up to 16 MiB per heap above what is "
+        "in use). Also left off when the environment tunes malloc itself (GLIBC_TUNABLES, "
+        "MALLOC_*_).",
+    )
 
     # -- security (service/security.py) --
     api_keys: list[str] = Field(

@@ -25,6 +25,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "service.config": (),
     "service.security": (),
     "service.logs": (),
+    "service.allocator": (),
     "service.telemetry": ("service.core",),
     "service.storage": ("service.core", "service.errors", "service.storage"),
     "service.engine": (

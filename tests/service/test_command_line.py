@@ -218,6 +218,39 @@ def test_one_log_format_and_no_line_per_request_unless_asked(
         assert not [line for line in lines if "Exception in ASGI application" in line], lines
 
 
+def test_it_keeps_large_buffers_unless_told_not_to(
+    launch: Callable[..., Launched], tmp_path: Path
+) -> None:
+    """The start-up sets glibc's thresholds (``service.allocator``) and says so at debug
+    level; not with ``--no-keep-large-buffers``, nor when ``GLIBC_TUNABLES`` tunes malloc."""
+    untuned = {
+        k: v for k, v in environment().items()
+        if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")
+    }  # fmt: skip
+    cases = [
+        ((), {}, "large buffers kept in the process"),
+        (("--no-keep-large-buffers",), {}, "OPML_KEEP_LARGE_BUFFERS off"),
+        (
+            (),
+            {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
+            "the environment tunes malloc",
+        ),
+    ]
+    for i, (flags, extra, expected) in enumerate(cases):
+        port = free_port()
+        service = launch(
+            "--port", str(port), "--data-dir", str(tmp_path / f"data-{i}"),
+            "--log-level", "debug", *flags, env={**untuned, **extra},
+        )  # fmt: skip
+        with service.ready(port) as api:
+            assert api.get("/livez").status_code == 200
+        assert service.stop() == -signal.SIGTERM
+        said = [
+            line for line in service.log.read_text().splitlines() if "malloc thresholds" in line
+        ]
+        assert [line.split(": ", 1)[1] for line in said] == [f"malloc thresholds: {expected}"]
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_sigint_and_sigterm_stop_gracefully_and_end_the_process_by_that_signal(
     launch: Callable[..., Launched], tmp_path: Path, signum: signal.Signals
