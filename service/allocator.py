@@ -4,8 +4,8 @@ A binary WebSocket frame, its reassembly and the learner's batch arrays are each
 kilobytes. By default glibc gives such buffers fresh pages from the kernel (above its *mmap
 threshold*, which it moves as it sees large frees) and hands freed memory at the top of a heap
 back to the kernel (above its *trim threshold*): so each frame's buffers are faulted in again,
-page by page. With 1,024-sample frames at d = 64 that was about 240 page faults per frame, and
-keeping the buffers in the process took 5-15 % off the service's CPU per sample
+page by page. With 1,024-sample frames at d = 64 that was up to about 240 page faults per
+frame, and keeping the buffers in the process took 3-15 % off the service's CPU per sample
 (``docs/operations/deployment.md``).
 
 :func:`keep_large_buffers` fixes both thresholds (``mallopt``): allocations below

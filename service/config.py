@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     keep_large_buffers: bool = Field(
         default=True,
         description="On glibc, raise malloc's thresholds at start-up so that freed buffers "
-        "up to 4 MiB are reused instead of faulted in again (binary frames: 5-15 % less "
+        "up to 4 MiB are reused instead of faulted in again (binary frames: 3-15 % less "
         "CPU per sample; the resident size can stay up to 16 MiB per heap above what is "
         "in use). Also left off when the environment tunes malloc itself (GLIBC_TUNABLES, "
         "MALLOC_*_).",
