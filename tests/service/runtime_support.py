@@ -15,6 +15,7 @@ import pytest
 
 from service.config import Settings
 from service.core import Learner, LearnerConfig
+from service.engine import writer as writer_module
 from service.engine.runtime import ModelRuntime
 from service.storage.store import Store
 from service.storage.store import connect as redis_connect
@@ -48,6 +49,20 @@ def run_with_runtime(
             await client.aclose()
 
     return asyncio.run(run())
+
+
+#: Settings whose writers do not poll the log (the longest interval): they read when woken.
+UNPOLLED = Settings(poll_interval_s=60)
+
+
+def no_timed_wakes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The writer waits for a wake (an append of this process, a waiter) instead of reading
+    the log again :data:`~service.engine.writer.PUBLISH_DELAY_S` after a batch. With a read
+    due at every step, a timed read sent while one of the test's appends is in flight reads
+    that entry back instead of applying it as offered: correct, but not what a test of the
+    offered path counts, and likely on a busy machine, where an append can outlast the delay.
+    With :data:`UNPOLLED`, no read of the writer's own is timed."""
+    monkeypatch.setattr(writer_module, "PUBLISH_DELAY_S", 60.0)
 
 
 def assert_learned_like_the_core(L: np.ndarray, X: np.ndarray, y: list[Any]) -> None:

@@ -18,7 +18,9 @@ from service.storage.store import Group, Store
 from service.storage.store import connect as redis_connect
 from tests.service.runtime_support import (
     CONFIG,
+    UNPOLLED,
     assert_learned_like_the_core,
+    no_timed_wakes,
     run_with_runtime,
     until,
 )
@@ -154,6 +156,7 @@ def test_the_periodic_read_takes_one_entry_and_sees_an_append_of_another_process
     to the store, as another process does) between two offered ones is read, in log order."""
     monkeypatch.setattr(writer_module, "SKIP_READ_S", 0.0)  # every step reads
     monkeypatch.setattr(writer_module, "APPLY_DELAY_S", 0.0)
+    no_timed_wakes(monkeypatch)
     X, y = stream(14, 3, 3, seed=9)
     reads = count_reads(monkeypatch)
 
@@ -174,7 +177,7 @@ def test_the_periodic_read_takes_one_entry_and_sees_an_append_of_another_process
         await until(lambda: runtime.snapshot.version == len(y))
         return writer.offered_applied, runtime.snapshot.L
 
-    offered, L = run_with_runtime(redis_url, body)
+    offered, L = run_with_runtime(redis_url, body, UNPOLLED)
     assert 1 in reads  # the one-entry reads
     assert 6 <= offered <= 8  # the foreign entry and the one after it were read back
     assert_learned_like_the_core(L, X, y)

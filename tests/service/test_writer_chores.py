@@ -20,8 +20,10 @@ from service.storage import checkpoint
 from service.storage.store import Store
 from tests.service.runtime_support import (
     CONFIG,
+    UNPOLLED,
     Gate,
     assert_learned_like_the_core,
+    no_timed_wakes,
     run_with_runtime,
     until,
 )
@@ -36,6 +38,7 @@ def test_offered_entries_are_learned_while_the_periodic_read_is_held(
     found the entries they expected (nothing was read back) and the result is the core's."""
     monkeypatch.setattr(writer_module, "SKIP_READ_S", 0.0)
     monkeypatch.setattr(writer_module, "APPLY_DELAY_S", 0.0)
+    no_timed_wakes(monkeypatch)
     X, y = stream(12, 3, 3, seed=21)
 
     async def body(runtime: ModelRuntime) -> np.ndarray:
@@ -57,7 +60,7 @@ def test_offered_entries_are_learned_while_the_periodic_read_is_held(
         assert writer.offered_applied - offered_before == len(y)
         return runtime.snapshot.L
 
-    L = run_with_runtime(redis_url, body)
+    L = run_with_runtime(redis_url, body, UNPOLLED)
     assert_learned_like_the_core(L, np.vstack([X, X[:1]]), [*y, y[0]])
 
 
