@@ -47,7 +47,7 @@ def keep_large_buffers(environ: Mapping[str, str] = os.environ) -> str | None:
         return "the C library is not glibc"
     mallopt = ctypes.CDLL(None).mallopt
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # The mmap threshold first: setting either one stops glibc moving both.
+    # Setting either one stops glibc moving both (its dynamic thresholds): so both are set.
     if not mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) or not mallopt(
         _M_TRIM_THRESHOLD, TRIM_THRESHOLD
     ):

@@ -15,18 +15,19 @@ import pytest
 from service.allocator import keep_large_buffers
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The buffers of one round, in bytes (as a binary frame's block and its copies).
+SIZES = (300_000, 524_288, 700_000, 1_200_000)
 
-#: Rounds of frame-sized buffers (numpy arrays and bytes of 0.3-1.2 MB, as a binary frame's
-#: block and its copies), all freed at the end of each round; prints the minor page faults per
-#: round after a warm-up.
-PATTERN = """
+#: Rounds of frame-sized buffers (a numpy array and a bytes of each of :data:`SIZES`), all
+#: freed at the end of each round; prints the minor page faults per round after a warm-up.
+PATTERN = f"""
 import resource, sys
 import numpy as np
 if sys.argv[1] == "keep":
     from service.allocator import keep_large_buffers
     assert keep_large_buffers() is None
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-sizes = [300_000, 524_288, 700_000, 1_200_000]
+sizes = {SIZES}
 for _ in range(5):
     held = [np.ones(s // 8) for s in sizes]
     del held
@@ -41,8 +42,9 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's ma
 
 
 def faults_per_round(mode: str) -> float:
-    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-    env = {k: v for k, v in env.items() if not k.startswith("MALLOC_")}
+    env = {
+        k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")
+    }
     out = subprocess.run(
         [sys.executable, "-c", PATTERN, mode],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
@@ -52,7 +54,7 @@ def faults_per_round(mode: str) -> float:
 
 @glibc
 def test_freed_frame_buffers_are_reused_instead_of_faulted_in_again() -> None:
-    pages = sum((300_000, 524_288, 700_000, 1_200_000)) * 2 / 4096  # touched per round
+    pages = sum(SIZES) * 2 / 4096  # touched per round
     default, kept = faults_per_round("default"), faults_per_round("keep")
     assert default > pages / 4, (default, pages)  # the problem is there to be solved...
     assert kept < default / 10, (kept, default)  # ... and the thresholds solve it
