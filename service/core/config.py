@@ -91,8 +91,8 @@ STEP_VALUES["lda"] = ()
 WITHIN_DEFAULTS: dict[str, Any] = {"refresh": 1000, "shrinkage": 0.0}
 #: ``gamma``'s default (``step="scaled"``) under ``precondition="discriminant"``: the steps start
 #: from a metric already close to the batch discriminant one, and refine it rather than build
-#: it, so they are two fifths of the plain default (``benchmarks/results/batch_compare.md``).
-DISCRIMINANT_GAMMA = 0.02
+#: it, so they are a fifth of the plain default (``benchmarks/results/batch_compare.md``).
+DISCRIMINANT_GAMMA = 0.01
 #: The algorithms a ``precondition`` applies to.
 WHITENED_ALGORITHMS = ("opml", "copml", "sgd")
 #: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).

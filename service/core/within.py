@@ -29,11 +29,10 @@ O(d^3 / refresh) per sample amortised, next to the O(d^2) of the statistics):
   ``C^{-1} S_B C^{-T}``;
 * :func:`whitening`: the symmetric inverse square root ``W = Sigma_W^{-1/2}``, under which the
   within-class covariance is the identity (the preconditioner of ``precondition="whiten"``);
-* :func:`discriminant`: the symmetric root of ``Sigma_W^{-1} - (1 - epsilon) Sigma_T^{-1}``
-  (``Sigma_T`` the total covariance), which weights each discriminant direction by the share
-  of its variance that lies between classes, and every other direction by a small floor
-  ``epsilon`` (the preconditioner of ``precondition="discriminant"``). Whitening weights all
-  directions alike, and with ``K - 1`` well below ``d`` the ``d - K + 1`` directions without
+* :func:`discriminant`: the symmetric root of LDA's metric with each discriminant direction
+  weighted by how well it separates the classes, plus a small multiple of the standardized
+  Euclidean metric (the preconditioner of ``precondition="discriminant"``). Whitening weights
+  all directions alike, and with ``K - 1`` well below ``d`` the ``d - K + 1`` directions without
   between-class variance then dominate every distance.
 
 Directions in which no sample varies at all (a constant feature, an exact linear relation
@@ -380,27 +379,31 @@ def whitening(stats: WithinClass, shrinkage: float) -> Array | None:
     return 0.5 * (out + out.T)
 
 
-#: ``precondition="discriminant"``'s floor ``epsilon``: the weight of a direction with no
-#: between-class variance, next to ``lambda / (1 + lambda)`` (at most 1) for one with Fisher
-#: ratio ``lambda``. Small enough that such directions barely count in a distance (with ``d - K
-#: + 1`` of them, their noise would swamp the ``K - 1`` discriminant ones), large enough that the
-#: metric stays definite and the learner can still grow them.
-DISCRIMINANT_FLOOR = 0.01
+#: ``precondition="discriminant"``'s weights (:func:`discriminant`): a direction with Fisher ratio
+#: ``lambda`` counts ``lambda / (lambda + DISCRIMINANT_KNEE)``, so a direction that separates the
+#: classes by more than a tenth of its within-class spread counts nearly fully (the graded ones
+#: too, when ``K - 1 >= d``) and one with no between-class variance not at all; the floor adds
+#: ``DISCRIMINANT_FLOOR`` times the standardized Euclidean metric. A floor in whitened
+#: coordinates would weight most the directions of least within-class spread, where noise
+#: dominates and nearest neighbours suffer (``benchmarks/results/batch_compare.md``).
+DISCRIMINANT_KNEE = 0.1
+DISCRIMINANT_FLOOR = 0.015
 
 
 def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:
-    """``D = M^{1/2}`` (symmetric, definite) for ``M = Sigma_W^{-1} - (1 - epsilon)
-    Sigma_T^{-1}``, ``Sigma_T = Sigma_W + Sigma_B`` the total covariance (``Sigma_B = S_B / (n -
-    K)``, the same normalisation as ``Sigma_W``) and ``epsilon`` :data:`DISCRIMINANT_FLOOR`; None
-    when :func:`whitening` is.
+    """``D = M^{1/2}`` (symmetric, definite) for ``M = W U diag(lambda / (lambda + c)) U^T W +
+    epsilon S^{-1}``; None when :func:`whitening` is.
 
-    In whitened coordinates (``W = Sigma_W^{-1/2}``, ``W Sigma_B W = U diag(lambda) U^T``,
-    ``lambda`` the Fisher ratios ``v^T S_B v / v^T S_W v`` of the discriminant directions),
-    ``Sigma_T`` becomes ``I + W Sigma_B W`` and ``M = W U diag((lambda + epsilon) / (1 +
-    lambda)) U^T W``: each discriminant direction weighted by the share of its
-    variance that lies between classes. ``epsilon = 0`` spans LDA's ``K - 1`` directions with
-    these weights instead of LDA's equal ones (when ``K - 1 >= d``, LDA's metric is the
-    whitened Euclidean one and this one is not); ``epsilon = 1`` is the whitening. O(d^3).
+    ``W = Sigma_W^{-1/2}`` is the whitening, ``W Sigma_B W = U diag(lambda) U^T`` (``Sigma_B =
+    S_B / (n - K)``, the same normalisation as ``Sigma_W``; ``lambda`` the Fisher ratios ``v^T
+    S_B v / v^T S_W v`` of the discriminant directions), ``c`` :data:`DISCRIMINANT_KNEE`,
+    ``epsilon`` :data:`DISCRIMINANT_FLOOR` and ``S`` the diagonal of the total covariance
+    ``Sigma_W + Sigma_B`` (a feature no sample varies in takes the mean of the others'). The
+    first term is LDA's metric with each direction weighted by how well it separates the
+    classes; the second is the standardized Euclidean distance, scaled down: it keeps the
+    metric definite, leaves the learner directions to grow, and keeps the fine structure a
+    nearest neighbour uses. Invariant to a rescaling of each feature (not to a rotation of the
+    features, as whitening is). O(d^3).
 
     >>> stats = WithinClass(dim=2)
     >>> rows = [[0.0, 0.0], [4.0, 0.0], [0.0, 1.0], [4.0, 1.0]]  # class 0; class 1 is 5 higher
@@ -414,12 +417,16 @@ def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:
     if W is None:
         return None
     n, k = stats.n_samples, stats.n_classes
-    B = W @ (stats.between() / (n - k)) @ W
+    between = stats.between() / (n - k)
+    B = W @ between @ W
     ratios, U = np.linalg.eigh(0.5 * (B + B.T))
     ratios = np.maximum(ratios, 0.0)  # rounding below zero in directions with none
-    weights = (ratios + DISCRIMINANT_FLOOR) / (1.0 + ratios)
-    # M^{1/2} = W U diag(sqrt w) U^T W's symmetric root: eigh of M itself.
+    weights = ratios / (ratios + DISCRIMINANT_KNEE)
+    spread = np.diag(stats.scatter / (n - k) + between).copy()
+    varied = spread > SUPPORT * max(float(spread.max()), np.finfo(float).tiny)
+    spread[~varied] = spread[varied].mean()  # whitening() found a definite Sigma_W: some vary
     M = W @ ((U * weights) @ U.T) @ W
+    M[np.diag_indices(len(M))] += DISCRIMINANT_FLOOR / spread
     values, vectors = np.linalg.eigh(0.5 * (M + M.T))
     out: Array = (vectors * np.sqrt(np.maximum(values, 0.0))) @ vectors.T
     return 0.5 * (out + out.T)

@@ -7,9 +7,17 @@ import json
 
 import numpy as np
 import pytest
+import scipy.linalg
 
 from service.core import Learner, LearnerConfig
-from service.core.within import DISCRIMINANT_FLOOR, WithinClass, discriminant, fisher, whitening
+from service.core.within import (
+    DISCRIMINANT_FLOOR,
+    DISCRIMINANT_KNEE,
+    WithinClass,
+    discriminant,
+    fisher,
+    whitening,
+)
 
 sklearn_lda = pytest.importorskip("sklearn.discriminant_analysis")
 roc_auc_score = pytest.importorskip("sklearn.metrics").roc_auc_score
@@ -232,9 +240,12 @@ def test_constant_and_collinear_features_are_left_out() -> None:
     assert white._W is not None and np.isfinite(white.L).all()
 
 
-def test_discriminant_is_the_root_of_the_within_minus_total_inverse() -> None:
-    """``D^2 = Sigma_W^{-1} - (1 - epsilon) Sigma_T^{-1}``, from batch statistics."""
+def test_discriminant_is_the_root_of_weighted_lda_plus_a_standardized_floor() -> None:
+    """``D^2 = sum_i lambda_i / (lambda_i + c) v_i v_i^T + epsilon diag(Sigma_T)^{-1}``, ``v_i``
+    Fisher's directions (``v^T Sigma_W v = 1``) from batch statistics, by scipy's generalized
+    eigensolver rather than the whitening the module uses."""
     X, y = make_stream(500, 5, 4, seed=3)
+    X = X * np.array([1.0, 30.0, 0.2, 5.0, 1.0])  # features on different scales
     stats = WithinClass(5)
     stats.observe(X, y)
     D = discriminant(stats, 0.0)
@@ -243,8 +254,23 @@ def test_discriminant_is_the_root_of_the_within_minus_total_inverse() -> None:
     means = np.array([X[y == k].mean(axis=0) for k in range(4)])
     within = (X - means[y]).T @ (X - means[y]) / (500 - 4)
     total = (X - X.mean(axis=0)).T @ (X - X.mean(axis=0)) / (500 - 4)
-    expected = np.linalg.inv(within) - (1.0 - DISCRIMINANT_FLOOR) * np.linalg.inv(total)
-    np.testing.assert_allclose(D @ D, expected, rtol=1e-9, atol=1e-12 * np.abs(expected).max())
+    ratios, V = scipy.linalg.eigh(total - within, within)
+    ratios = np.maximum(ratios, 0.0)
+    expected = (V * (ratios / (ratios + DISCRIMINANT_KNEE))) @ V.T
+    expected += DISCRIMINANT_FLOOR * np.diag(1.0 / np.diag(total))
+    np.testing.assert_allclose(D @ D, expected, rtol=1e-8, atol=1e-12 * np.abs(expected).max())
+
+
+def test_discriminant_is_invariant_to_rescaling_a_feature() -> None:
+    X, y = make_stream(400, 4, 3, seed=5)
+    scale = np.array([0.05, 1.0, 40.0, 7.0])
+    plain, scaled = WithinClass(4), WithinClass(4)
+    plain.observe(X, y)
+    scaled.observe(X * scale, y)
+    D, E = discriminant(plain, 0.0), discriminant(scaled, 0.0)
+    assert D is not None and E is not None
+    # The same distances: ||E (s * z)|| = ||D z||, i.e. S E^2 S = D^2.
+    np.testing.assert_allclose(scale[:, None] * (E @ E) * scale[None, :], D @ D, rtol=1e-7)
 
 
 def test_discriminant_refresh_keeps_the_served_metric() -> None:

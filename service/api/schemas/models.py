@@ -84,9 +84,10 @@ class ModelCreate(_Body):
     precondition: Literal["none", "whiten", "discriminant"] | None = Field(
         default=None,
         description='opml/copml/sgd: "whiten" learns L on W x, W the within-class whitening '
-        'kept online, and serves L W; "discriminant" does the same with W the root of '
-        "Sigma_W^-1 - 0.99 Sigma_T^-1, which weights each discriminant direction by its "
-        'between-class share (default "none"; not combined with rehearsal).',
+        'kept online, and serves L W; "discriminant" does the same with W the root of LDA\'s '
+        "metric, each discriminant direction weighted by how well it separates the classes, "
+        'plus 0.015 times the standardized Euclidean one (default "none"; not combined with '
+        "rehearsal).",
     )
     refresh: StrictInt | None = Field(
         default=None,
