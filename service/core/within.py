@@ -422,7 +422,7 @@ def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:
     ratios, U = np.linalg.eigh(0.5 * (B + B.T))
     ratios = np.maximum(ratios, 0.0)  # rounding below zero in directions with none
     weights = ratios / (ratios + DISCRIMINANT_KNEE)
-    spread = np.diag(stats.scatter / (n - k) + between).copy()
+    spread = np.diag(stats.scatter) / (n - k) + np.diag(between)  # diag(Sigma_W + Sigma_B)
     varied = spread > SUPPORT * max(float(spread.max()), np.finfo(float).tiny)
     spread[~varied] = spread[varied].mean()  # whitening() found a definite Sigma_W: some vary
     M = W @ ((U * weights) @ U.T) @ W
