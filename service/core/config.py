@@ -89,10 +89,11 @@ STEP_VALUES["lda"] = ()
 #: ``refresh`` learned samples (1 ... 1,000,000; each refresh is O(d^3)), shrinkage in [0, 1]
 #: (0 = none).
 WITHIN_DEFAULTS: dict[str, Any] = {"refresh": 1000, "shrinkage": 0.0}
-#: ``gamma``'s default (``step="scaled"``) under ``precondition="discriminant"``: the steps start
-#: from a metric already close to the batch discriminant one, and refine it rather than build
-#: it, so they are a fifth of the plain default (``benchmarks/results/batch_compare.md``).
-DISCRIMINANT_GAMMA = 0.01
+#: ``gamma``'s default (``step="scaled"``) under ``precondition="discriminant"``, the peak of
+#: its step schedule (``Learner._schedule``): the steps start from a metric already close to the
+#: batch discriminant one, and refine it rather than build it, so they peak at two fifths of the
+#: plain default (``benchmarks/results/batch_compare.md``).
+DISCRIMINANT_GAMMA = 0.02
 #: The algorithms a ``precondition`` applies to.
 WHITENED_ALGORITHMS = ("opml", "copml", "sgd")
 #: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).
@@ -138,8 +139,8 @@ class LearnerConfig:
     ``algorithm="lda"`` serves Fisher's discriminant metric from within-class statistics kept
     online, ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``; not with rehearsal) learns
     on within-class whitened inputs and serves ``L W``, ``precondition="discriminant"`` the
-    same on discriminant-weighted inputs (its ``gamma`` defaults to 0.02:
-    :data:`DISCRIMINANT_GAMMA`); both refresh every ``refresh`` learned
+    same on discriminant-weighted inputs (its ``gamma``, default 0.02 :data:`DISCRIMINANT_GAMMA`,
+    is the peak of a step schedule over refresh periods); both refresh every ``refresh`` learned
     samples (default 1,000; 1 ... 1,000,000) with ``shrinkage`` in [0, 1] (default 0)
     (:mod:`service.core.within`).
 

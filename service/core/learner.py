@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -182,6 +183,9 @@ class Learner(MetricQueries):
         #: ``W``: None until the first refresh that finds the covariance definite (and
         #: without ``precondition="whiten"``).
         self._W: Array | None = None
+        #: Refresh points reached since the first ``W`` (1 at it; 0 before): the period of the
+        #: discriminant step schedule (:meth:`_schedule`).
+        self._periods = 0
         #: Held-out routing, the certification reservoir, the PAC-Bayes prior and window.
         self.holdout = Holdout(config, functools.partial(normalize_rows, how=config.normalize))
 
@@ -377,18 +381,24 @@ class Learner(MetricQueries):
             if L is not None and np.isfinite(L).all():
                 tracks.set_metric(L)
         else:
+            if self._W is not None:
+                self._periods += 1
+                self._schedule()
             form = discriminant if cfg.precondition == "discriminant" else whitening
             W = form(stats, shrinkage)
             if W is None or not np.isfinite(W).all():
                 return
+            c = len(self._classes)
             if self._W is None:  # the first W: L (I unless set) now acts on W x
+                self._buffer[:c] = apply(self._buffer[:c], W)  # rows x -> W x, as new rows
                 self._W = W
+                self._periods = 1
+                self._schedule()
                 tracks.restart_calibration()  # distances so far were of L alone, not L W
                 self._changed()
                 return
             carry = np.linalg.solve(W, self._W).T  # W_old W_new^{-1} (both symmetric)
             moved = tracks.Ls @ carry
-            c = len(self._classes)
             buffer = self._buffer[:c] @ np.linalg.solve(self._W, W)  # rows W_old h -> W_new h
             if not (np.isfinite(moved).all() and np.isfinite(buffer).all()):
                 return
@@ -398,6 +408,22 @@ class Learner(MetricQueries):
             self._buffer[:c] = buffer
             self._W = W
         self._changed()
+
+    def _schedule(self) -> None:
+        """``precondition="discriminant"`` with a fixed ``gamma`` (``opml`` / ``copml``): the
+        steps of the ``k``-th refresh period since the first ``W`` (``k = 1`` from it to the
+        next refresh point) take ``gamma * min(k / 2, sqrt(2 / k))``, ``gamma`` the peak. Half
+        the peak at first, when ``W`` rests on the fewest samples per dimension; then the
+        ``1 / sqrt(t)`` decay of online gradient descent's regret bound (Zinkevich, ICML 2003),
+        so the refinement settles on a long stream rather than wander with every triplet, yet
+        keeps learning (a ``1 / k`` decay lost verification on long streams:
+        ``benchmarks/results/batch_compare.md``, ``operating_points.md``). Set at refresh
+        points only, so batching and resume points do not move it."""
+        cfg = self.config
+        if cfg.precondition != "discriminant" or self._race is not None or self._gradient:
+            return
+        k = self._periods
+        self._tracks.gammas[:] = cast(float, cfg.gamma) * min(k / 2, math.sqrt(2 / k))
 
     def _learn_part(self, X: Array, keys: list[str]) -> StepResults:
         """Learn validated rows: classes first (buffer rows), then the compiled loop."""

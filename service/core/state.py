@@ -35,7 +35,13 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
-from service.core._validation import Array, check_matrix, check_metric, check_positive
+from service.core._validation import (
+    Array,
+    check_int,
+    check_matrix,
+    check_metric,
+    check_positive,
+)
 from service.core.config import LearnerConfig
 from service.core.holdout import Holdout
 from service.core.race import Race
@@ -83,6 +89,7 @@ class Resumable(Protocol):
     _reservoir: Reservoir | None
     _within: WithinClass | None
     _W: Array | None
+    _periods: int
 
     @property
     def _stats(self) -> _Counters: ...
@@ -137,6 +144,7 @@ def dump(learner: Resumable) -> tuple[dict[str, Array], dict[str, Any]]:
         arrays.update(learner._within.to_state(n_classes))
     if learner._W is not None:
         arrays["whitening"] = learner._W.copy()
+        meta["periods"] = learner._periods
     return arrays, meta
 
 
@@ -187,6 +195,8 @@ def _load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dic
         if W.shape != (d, d):
             raise ValueError("state: whitening is not d x d")
         learner._W = np.array(W, dtype=np.float64, order="C")
+        # A state written before the step schedule resumes as if its W had just come.
+        learner._periods = check_int(meta.get("periods", 1), "periods", 1, 2**62)
     rng = meta["rng"]
     learner._rng.bit_generator.state = {
         "bit_generator": rng["bit_generator"],

@@ -30,10 +30,11 @@ O(d^3 / refresh) per sample amortised, next to the O(d^2) of the statistics):
 * :func:`whitening`: the symmetric inverse square root ``W = Sigma_W^{-1/2}``, under which the
   within-class covariance is the identity (the preconditioner of ``precondition="whiten"``);
 * :func:`discriminant`: the symmetric root of LDA's metric with each discriminant direction
-  weighted by how well it separates the classes, plus a small multiple of the standardized
-  Euclidean metric (the preconditioner of ``precondition="discriminant"``). Whitening weights
-  all directions alike, and with ``K - 1`` well below ``d`` the ``d - K + 1`` directions without
-  between-class variance then dominate every distance.
+  weighted by how well it separates the classes, plus a small multiple of the Euclidean metric
+  of the features scaled by their within-class spread (the preconditioner of
+  ``precondition="discriminant"``). Whitening weights all directions alike, and with ``K - 1``
+  well below ``d`` the ``d - K + 1`` directions without between-class variance then dominate
+  every distance.
 
 Directions in which no sample varies at all (a constant feature, an exact linear relation
 between features) are left out: both are computed on the range of the total scatter, and ``L``
@@ -52,14 +53,16 @@ pooled covariance definite there is no ``W`` (it needs a definite covariance fro
 samples per dimension, :data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the
 statistics and the buffer, and are measured as ``lda``'s are (``L = I`` is served, or a metric
 set by :meth:`Learner.set_metric`); at that refresh ``W`` arrives and the served metric becomes
-``L W`` (the whitened, or discriminant-weighted, Euclidean distance by
-default), the steps start on ``W x`` and ``step="scaled"``'s running scale starts there; the
-verification calibrator's window restarts, since the distances it held were of ``L`` alone.
+``L W`` (the whitened, or discriminant-weighted, Euclidean distance by default), the buffered
+rows ``h`` become ``W h``, the steps start on ``W x`` and ``step="scaled"``'s running scale
+starts there; the verification calibrator's window restarts, since the distances it held were
+of ``L`` alone.
 Every later refresh ``W -> W'`` sets ``L <- L W W'^{-1}`` and turns the buffer rows ``W h``
 into ``W' h``, so the served metric does not jump: the refresh changes the coordinates the
 next steps are taken in, not the metric (the running scale then adapts over its horizon).
 Batches are cut at the refresh points, so any batching and any resume point give the same
-``L``. Rehearsal is not combined with it.
+``L``; under ``"discriminant"`` the steps' size follows a schedule over the refresh periods
+(``Learner._schedule``). Rehearsal is not combined with it.
 """
 
 from __future__ import annotations
@@ -381,13 +384,15 @@ def whitening(stats: WithinClass, shrinkage: float) -> Array | None:
 
 #: ``precondition="discriminant"``'s weights (:func:`discriminant`): a direction with Fisher ratio
 #: ``lambda`` counts ``lambda / (lambda + DISCRIMINANT_KNEE)``, so a direction that separates the
-#: classes by more than a tenth of its within-class spread counts nearly fully (the graded ones
+#: classes by more than a fifth of its within-class spread counts nearly fully (the graded ones
 #: too, when ``K - 1 >= d``) and one with no between-class variance not at all; the floor adds
-#: ``DISCRIMINANT_FLOOR`` times the standardized Euclidean metric. A floor in whitened
-#: coordinates would weight most the directions of least within-class spread, where noise
-#: dominates and nearest neighbours suffer (``benchmarks/results/batch_compare.md``).
-DISCRIMINANT_KNEE = 0.1
-DISCRIMINANT_FLOOR = 0.015
+#: ``DISCRIMINANT_FLOOR`` times the Euclidean metric of the features scaled by their within-class
+#: spread. A floor in whitened coordinates would weight most the directions of least
+#: within-class spread, where noise dominates and nearest neighbours suffer; one scaled by the
+#: total spread (between-class included) left more of the digits' 5-NN error
+#: (``benchmarks/results/batch_compare.md``).
+DISCRIMINANT_KNEE = 0.2
+DISCRIMINANT_FLOOR = 0.02
 
 
 def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:
@@ -397,13 +402,13 @@ def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:
     ``W = Sigma_W^{-1/2}`` is the whitening, ``W Sigma_B W = U diag(lambda) U^T`` (``Sigma_B =
     S_B / (n - K)``, the same normalisation as ``Sigma_W``; ``lambda`` the Fisher ratios ``v^T
     S_B v / v^T S_W v`` of the discriminant directions), ``c`` :data:`DISCRIMINANT_KNEE`,
-    ``epsilon`` :data:`DISCRIMINANT_FLOOR` and ``S`` the diagonal of the total covariance
-    ``Sigma_W + Sigma_B`` (a feature no sample varies in takes the mean of the others'). The
-    first term is LDA's metric with each direction weighted by how well it separates the
-    classes; the second is the standardized Euclidean distance, scaled down: it keeps the
-    metric definite, leaves the learner directions to grow, and keeps the fine structure a
-    nearest neighbour uses. Invariant to a rescaling of each feature (not to a rotation of the
-    features, as whitening is). O(d^3).
+    ``epsilon`` :data:`DISCRIMINANT_FLOOR` and ``S`` the diagonal of ``Sigma_W`` (a feature
+    that varies within no class takes the mean of the others'). The first term is LDA's metric
+    with each direction weighted by how well it separates the classes; the second is the
+    Euclidean distance of the features scaled by their within-class spread, scaled down: it
+    keeps the metric definite, leaves the learner directions to grow, and keeps the fine
+    structure a nearest neighbour uses. Invariant to a rescaling of each feature (not to a
+    rotation of the features, as whitening is). O(d^3).
 
     >>> stats = WithinClass(dim=2)
     >>> rows = [[0.0, 0.0], [4.0, 0.0], [0.0, 1.0], [4.0, 1.0]]  # class 0; class 1 is 5 higher
@@ -422,7 +427,7 @@ def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:
     ratios, U = np.linalg.eigh(0.5 * (B + B.T))
     ratios = np.maximum(ratios, 0.0)  # rounding below zero in directions with none
     weights = ratios / (ratios + DISCRIMINANT_KNEE)
-    spread = np.diag(stats.scatter) / (n - k) + np.diag(between)  # diag(Sigma_W + Sigma_B)
+    spread = np.diag(stats.scatter) / (n - k)  # diag(Sigma_W)
     varied = spread > SUPPORT * max(float(spread.max()), np.finfo(float).tiny)
     spread[~varied] = spread[varied].mean()  # whitening() found a definite Sigma_W: some vary
     M = W @ ((U * weights) @ U.T) @ W

@@ -14,6 +14,7 @@ from service.core.within import (
     DISCRIMINANT_FLOOR,
     DISCRIMINANT_KNEE,
     WithinClass,
+    apply,
     discriminant,
     fisher,
     whitening,
@@ -240,8 +241,8 @@ def test_constant_and_collinear_features_are_left_out() -> None:
     assert white._W is not None and np.isfinite(white.L).all()
 
 
-def test_discriminant_is_the_root_of_weighted_lda_plus_a_standardized_floor() -> None:
-    """``D^2 = sum_i lambda_i / (lambda_i + c) v_i v_i^T + epsilon diag(Sigma_T)^{-1}``, ``v_i``
+def test_discriminant_is_the_root_of_weighted_lda_plus_a_within_scaled_floor() -> None:
+    """``D^2 = sum_i lambda_i / (lambda_i + c) v_i v_i^T + epsilon diag(Sigma_W)^{-1}``, ``v_i``
     Fisher's directions (``v^T Sigma_W v = 1``) from batch statistics, by scipy's generalized
     eigensolver rather than the whitening the module uses."""
     X, y = make_stream(500, 5, 4, seed=3)
@@ -257,7 +258,7 @@ def test_discriminant_is_the_root_of_weighted_lda_plus_a_standardized_floor() ->
     ratios, V = scipy.linalg.eigh(total - within, within)
     ratios = np.maximum(ratios, 0.0)
     expected = (V * (ratios / (ratios + DISCRIMINANT_KNEE))) @ V.T
-    expected += DISCRIMINANT_FLOOR * np.diag(1.0 / np.diag(total))
+    expected += DISCRIMINANT_FLOOR * np.diag(1.0 / np.diag(within))
     np.testing.assert_allclose(D @ D, expected, rtol=1e-8, atol=1e-12 * np.abs(expected).max())
 
 
@@ -288,6 +289,44 @@ def test_discriminant_refresh_keeps_the_served_metric() -> None:
     stats = WithinClass(5)
     stats.observe(X[:250], y[:250])
     np.testing.assert_allclose(learner._W, discriminant(stats, 0.0), rtol=1e-9)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("precondition", ["whiten", "discriminant"])
+def test_the_first_W_moves_the_buffer_into_its_coordinates(precondition: str) -> None:
+    """The triplets after the first ``W`` compare ``W x`` with the buffer, so the buffered
+    rows (raw before it) become ``W h`` then, as at every later refresh."""
+    X, y = make_stream(64, 5, 3, seed=7)
+    learner = Learner(LearnerConfig(dim=5, precondition=precondition, refresh=100))  # type: ignore[arg-type]
+    learner.learn_many(X, y)  # the refresh at 64: W arrives
+    assert learner._W is not None
+    latest = np.array([X[np.flatnonzero(y == k)[-1]] for k in range(3)])
+    c = len(learner._classes)
+    order = [int(key) for key in learner._classes]
+    np.testing.assert_array_equal(learner._buffer[:c], apply(latest[order], learner._W))
+
+
+def test_discriminant_steps_follow_their_schedule() -> None:
+    """``gamma * min(k / 2, sqrt(2 / k))`` in the ``k``-th refresh period from the first ``D``
+    (at 64 samples here): half the peak, the peak, then ``1 / sqrt(k)``; whitening keeps its
+    ``gamma``."""
+    X, y = make_stream(640, 6, 5, seed=11)
+    seen: dict[str, list[float]] = {}
+    for precondition in ("discriminant", "whiten"):
+        cfg = LearnerConfig(
+            dim=6, precondition=precondition, refresh=64, step="paper", gamma=1e-3, seed=2
+        )
+        learner = Learner(cfg)
+        start, seen[precondition] = 0, []
+        for end in (64, 128, 192, 256, 640):
+            learner.learn_many(X[start:end], y[start:end])
+            start = end
+            effective = learner.effective
+            assert effective is not None and learner.health is not None
+            assert learner.health["step_scale"] == 1.0  # no trip scaled the step
+            seen[precondition].append(effective["gamma"])
+    peak = [0.5, 1.0, (2 / 3) ** 0.5, 0.5**0.5, 0.2**0.5]  # k = 1, 2, 3, 4 and 10
+    assert seen["discriminant"] == pytest.approx([1e-3 * f for f in peak], rel=1e-12)
+    assert seen["whiten"] == [1e-3] * 5
 
 
 def test_discriminant_beats_whitening_with_many_noise_directions() -> None:

@@ -86,7 +86,8 @@ class ModelCreate(_Body):
         description='opml/copml/sgd: "whiten" learns L on W x, W the within-class whitening '
         'kept online, and serves L W; "discriminant" does the same with W the root of LDA\'s '
         "metric, each discriminant direction weighted by how well it separates the classes, "
-        'plus 0.015 times the standardized Euclidean one (default "none"; not combined with '
+        "plus 0.02 times the Euclidean one of the features scaled by their within-class spread; "
+        'its gamma is the peak of a step schedule (default "none"; not combined with '
         "rehearsal).",
     )
     refresh: StrictInt | None = Field(
