@@ -416,8 +416,7 @@ class Learner(MetricQueries):
         the peak at first, when ``W`` rests on the fewest samples per dimension; then the
         ``1 / sqrt(t)`` decay of online gradient descent's regret bound (Zinkevich, ICML 2003),
         so the refinement settles on a long stream rather than wander with every triplet, yet
-        keeps learning (a ``1 / k`` decay lost verification on long streams:
-        ``benchmarks/results/batch_compare.md``, ``operating_points.md``). Set at refresh
+        keeps learning (the choice: ``docs/design/discriminant-metric.md``). Set at refresh
         points only, so batching and resume points do not move it."""
         cfg = self.config
         if cfg.precondition != "discriminant" or self._race is not None or self._gradient:

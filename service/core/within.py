@@ -390,7 +390,7 @@ def whitening(stats: WithinClass, shrinkage: float) -> Array | None:
 #: spread. A floor in whitened coordinates would weight most the directions of least
 #: within-class spread, where noise dominates and nearest neighbours suffer; one scaled by the
 #: total spread (between-class included) left more of the digits' 5-NN error
-#: (``benchmarks/results/batch_compare.md``).
+#: (``docs/design/discriminant-metric.md``).
 DISCRIMINANT_KNEE = 0.2
 DISCRIMINANT_FLOOR = 0.02
 
