@@ -171,7 +171,8 @@ def parser_with_help(epilog: str) -> argparse.ArgumentParser:
     create.add_argument(
         "--refresh",
         type=int,
-        help="lda, --precondition: samples between refreshes (default 1000; O(d^3) each)",
+        help="lda, --precondition: samples between refreshes (default 1000, discriminant "
+        "max(250, 2 d); O(d^3) each)",
     )
     create.add_argument(
         "--shrinkage",

@@ -89,11 +89,16 @@ STEP_VALUES["lda"] = ()
 #: ``refresh`` learned samples (1 ... 1,000,000; each refresh is O(d^3)), shrinkage in [0, 1]
 #: (0 = none).
 WITHIN_DEFAULTS: dict[str, Any] = {"refresh": 1000, "shrinkage": 0.0}
-#: ``gamma``'s default (``step="scaled"``) under ``precondition="discriminant"``, the peak of
+#: ``refresh``'s default under ``precondition="discriminant"``: ``max(250, 2 d)``. Its served
+#: metric follows ``W`` (:mod:`service.core.within`), so a fresher ``W`` serves the statistics
+#: of more of the stream; ``2 d`` keeps a refresh's O(d^3), amortised, of the order of the
+#: O(d^2) steps for wide inputs (``docs/design/discriminant-metric.md``).
+DISCRIMINANT_REFRESH = 250
+#: ``gamma``'s default (``step="scaled"``) under ``precondition="discriminant"``, the start of
 #: its step schedule (``Learner._schedule``): the steps start from a metric already close to the
-#: batch discriminant one, and refine it rather than build it, so they peak at two fifths of the
-#: plain default (``benchmarks/results/batch_compare.md``).
-DISCRIMINANT_GAMMA = 0.02
+#: batch discriminant one, and refine it rather than build it, so they start at a fifth of the
+#: plain default (``docs/design/discriminant-metric.md``).
+DISCRIMINANT_GAMMA = 0.01
 #: The algorithms a ``precondition`` applies to.
 WHITENED_ALGORITHMS = ("opml", "copml", "sgd")
 #: ``gamma_pair`` of the gradient learners (``sgd``'s pair step; unused by the other two).
@@ -139,10 +144,10 @@ class LearnerConfig:
     ``algorithm="lda"`` serves Fisher's discriminant metric from within-class statistics kept
     online, ``precondition="whiten"`` (``opml``, ``copml``, ``sgd``; not with rehearsal) learns
     on within-class whitened inputs and serves ``L W``, ``precondition="discriminant"`` the
-    same on discriminant-weighted inputs (its ``gamma``, default 0.02 :data:`DISCRIMINANT_GAMMA`,
-    is the peak of a step schedule over refresh periods); both refresh every ``refresh`` learned
-    samples (default 1,000; 1 ... 1,000,000) with ``shrinkage`` in [0, 1] (default 0)
-    (:mod:`service.core.within`).
+    same on discriminant-weighted inputs (its ``gamma``, default 0.01 :data:`DISCRIMINANT_GAMMA`,
+    starts a step schedule that decays with the samples learned); they refresh every ``refresh``
+    learned samples (default 1,000, discriminant ``max(250, 2 d)``; 1 ... 1,000,000) with
+    ``shrinkage`` in [0, 1] (default 0) (:mod:`service.core.within`).
 
     >>> LearnerConfig(dim=3).algorithm, LearnerConfig(dim=3).step, LearnerConfig(dim=3).gamma
     ('copml', 'scaled', 0.05)
@@ -279,7 +284,11 @@ class LearnerConfig:
         if not self.within:
             self._refuse(("refresh", "shrinkage"), "precondition 'none'")
             return
-        refresh = WITHIN_DEFAULTS["refresh"] if self.refresh is None else self.refresh
+        refresh = self.refresh
+        if refresh is None and self.precondition == "discriminant":
+            refresh = max(DISCRIMINANT_REFRESH, 2 * self.dim)
+        elif refresh is None:
+            refresh = WITHIN_DEFAULTS["refresh"]
         object.__setattr__(self, "refresh", check_int(refresh, "refresh", 1, 1_000_000))
         shrink = WITHIN_DEFAULTS["shrinkage"] if self.shrinkage is None else self.shrinkage
         shrink = check_nonnegative(shrink, "shrinkage")

@@ -28,7 +28,7 @@ Algorithms (``LearnerConfig.algorithm``), all on the same buffer, triplets and g
 ``precondition="whiten"`` or ``"discriminant"`` (``opml``, ``copml``, ``sgd``): the learner
 learns its ``L`` by its own rule on ``W x`` and serves ``L W`` (:attr:`Learner.L`, every query,
 snapshot and certificate), ``W`` the within-class whitening or the discriminant weighting; how
-``W`` arrives and how a refresh carries ``L`` over: :mod:`service.core.within`.
+``W`` arrives and what a refresh does to ``L``: :mod:`service.core.within`.
 
 ``step`` is one field whose values depend on the algorithm: ``"scaled"`` (default) or
 ``"paper"`` for ``opml`` / ``copml``, ``"constant"``, ``"descent"`` (default) or ``"invsqrt"`` for
@@ -183,9 +183,9 @@ class Learner(MetricQueries):
         #: ``W``: None until the first refresh that finds the covariance definite (and
         #: without ``precondition="whiten"``).
         self._W: Array | None = None
-        #: Refresh points reached since the first ``W`` (1 at it; 0 before): the period of the
+        #: Samples learned when the first ``W`` formed (0 before): the origin of the
         #: discriminant step schedule (:meth:`_schedule`).
-        self._periods = 0
+        self._first = 0
         #: Held-out routing, the certification reservoir, the PAC-Bayes prior and window.
         self.holdout = Holdout(config, functools.partial(normalize_rows, how=config.normalize))
 
@@ -373,56 +373,59 @@ class Learner(MetricQueries):
 
     def _refresh(self) -> None:
         """``lda``: ``L`` from the statistics; whitened: the new ``W`` with ``L`` and the
-        buffer carried over (module docstring). Kept as is while the statistics are singular."""
+        buffer carried over, discriminant: the new ``W`` under the same ``L`` (module docstring
+        of :mod:`service.core.within`). Kept as is while the statistics are singular."""
         cfg, stats, tracks = self.config, cast(WithinClass, self._within), self._tracks
         shrinkage = cast(float, cfg.shrinkage)
         if self._lda:
             L = fisher(stats, shrinkage)
             if L is not None and np.isfinite(L).all():
                 tracks.set_metric(L)
-        else:
+            self._changed()
+            return
+        follow = cfg.precondition == "discriminant"
+        W = (discriminant if follow else whitening)(stats, shrinkage)
+        if W is None or not np.isfinite(W).all():
             if self._W is not None:
-                self._periods += 1
                 self._schedule()
-            form = discriminant if cfg.precondition == "discriminant" else whitening
-            W = form(stats, shrinkage)
-            if W is None or not np.isfinite(W).all():
-                return
-            c = len(self._classes)
-            if self._W is None:  # the first W: L (I unless set) now acts on W x
-                self._buffer[:c] = apply(self._buffer[:c], W)  # rows x -> W x, as new rows
-                self._W = W
-                self._periods = 1
-                self._schedule()
-                tracks.restart_calibration()  # distances so far were of L alone, not L W
-                self._changed()
-                return
-            carry = np.linalg.solve(W, self._W).T  # W_old W_new^{-1} (both symmetric)
-            moved = tracks.Ls @ carry
-            buffer = self._buffer[:c] @ np.linalg.solve(self._W, W)  # rows W_old h -> W_new h
-            if not (np.isfinite(moved).all() and np.isfinite(buffer).all()):
+            return
+        c = len(self._classes)
+        if self._W is None:  # the first W: L (I unless set) now acts on W x
+            self._buffer[:c] = apply(self._buffer[:c], W)  # rows x -> W x, as new rows
+            self._W = W
+            self._first = self._trained()
+            self._schedule()
+            tracks.restart_calibration()  # distances so far were of L alone, not L W
+            self._changed()
+            return
+        self._schedule()
+        buffer = self._buffer[:c] @ np.linalg.solve(self._W, W)  # rows W_old h -> W_new h
+        if not np.isfinite(buffer).all():
+            return
+        if not follow:
+            moved = tracks.Ls @ np.linalg.solve(W, self._W).T  # L W_old W_new^{-1}
+            if not np.isfinite(moved).all():
                 return
             tracks.Ls[:] = moved
-            for j in range(len(tracks)):
-                tracks.state[j] = health.restart(tracks.state[j], tracks.Ls[j])
-            self._buffer[:c] = buffer
-            self._W = W
+        for j in range(len(tracks)):
+            tracks.state[j] = health.restart(tracks.state[j], tracks.Ls[j])
+        self._buffer[:c] = buffer
+        self._W = W
         self._changed()
 
     def _schedule(self) -> None:
-        """``precondition="discriminant"`` with a fixed ``gamma`` (``opml`` / ``copml``): the
-        steps of the ``k``-th refresh period since the first ``W`` (``k = 1`` from it to the
-        next refresh point) take ``gamma * min(k / 2, sqrt(2 / k))``, ``gamma`` the peak. Half
-        the peak at first, when ``W`` rests on the fewest samples per dimension; then the
-        ``1 / sqrt(t)`` decay of online gradient descent's regret bound (Zinkevich, ICML 2003),
-        so the refinement settles on a long stream rather than wander with every triplet, yet
-        keeps learning (the choice: ``docs/design/discriminant-metric.md``). Set at refresh
-        points only, so batching and resume points do not move it."""
+        """``precondition="discriminant"`` with a fixed ``gamma`` (``opml`` / ``copml``): from
+        the refresh point at ``n`` learned samples to the next, the steps take ``gamma *
+        sqrt(n_1 / n)``, ``n_1`` the samples learned when the first ``W`` formed: the ``1 /
+        sqrt(t)`` decay of online gradient descent's regret bound (Zinkevich, ICML 2003), so
+        the refinement settles on a long stream rather than wander with every triplet, yet keeps
+        learning (the choice: ``docs/design/discriminant-metric.md``). Set at refresh points
+        only, so batching and resume points do not move it."""
         cfg = self.config
         if cfg.precondition != "discriminant" or self._race is not None or self._gradient:
             return
-        k = self._periods
-        self._tracks.gammas[:] = cast(float, cfg.gamma) * min(k / 2, math.sqrt(2 / k))
+        ratio = self._first / max(self._trained(), 1)
+        self._tracks.gammas[:] = cast(float, cfg.gamma) * math.sqrt(ratio)
 
     def _learn_part(self, X: Array, keys: list[str]) -> StepResults:
         """Learn validated rows: classes first (buffer rows), then the compiled loop."""

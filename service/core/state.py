@@ -89,7 +89,9 @@ class Resumable(Protocol):
     _reservoir: Reservoir | None
     _within: WithinClass | None
     _W: Array | None
-    _periods: int
+    _first: int
+
+    def _trained(self) -> int: ...
 
     @property
     def _stats(self) -> _Counters: ...
@@ -144,7 +146,7 @@ def dump(learner: Resumable) -> tuple[dict[str, Array], dict[str, Any]]:
         arrays.update(learner._within.to_state(n_classes))
     if learner._W is not None:
         arrays["whitening"] = learner._W.copy()
-        meta["periods"] = learner._periods
+        meta["first"] = learner._first
     return arrays, meta
 
 
@@ -195,8 +197,9 @@ def _load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dic
         if W.shape != (d, d):
             raise ValueError("state: whitening is not d x d")
         learner._W = np.array(W, dtype=np.float64, order="C")
-        # A state written before the step schedule resumes as if its W had just come.
-        learner._periods = check_int(meta.get("periods", 1), "periods", 1, 2**62)
+        # A state written before this schedule (no "first") resumes as if its W had just come.
+        first = meta.get("first")
+        learner._first = -1 if first is None else check_int(first, "first", 1, 2**62)
     rng = meta["rng"]
     learner._rng.bit_generator.state = {
         "bit_generator": rng["bit_generator"],
@@ -208,6 +211,8 @@ def _load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dic
     for name, count in meta["outcomes"].items():
         learner._stats.outcomes[OUTCOMES.index(name)] = int(count)
     learner._scale = check_positive(meta["scale"], "scale")
+    if learner._first < 0:
+        learner._first = max(learner._trained(), 1)
     learner._stability.restore(meta["stability"], len(classes))
     learner.holdout.restore(arrays, meta["holdout"])
     return learner

@@ -47,7 +47,7 @@ The learner's use of ``W`` (``precondition="whiten"`` or ``"discriminant"``: ``o
 ``copml``, ``sgd``): the learner keeps the same statistics and learns its ``L`` by its own rule
 on ``W x``, ``W`` the within-class whitening or the discriminant weighting above (identity until
 the first refresh that finds the pooled covariance definite); both are symmetric and definite,
-which is all the carry-over below needs. The served ``L`` (:attr:`Learner.L`, every query,
+which is all whitening's carry-over below needs. The served ``L`` (:attr:`Learner.L`, every query,
 snapshot and certificate) is the effective ``L W``. Until the first refresh that finds the
 pooled covariance definite there is no ``W`` (it needs a definite covariance from at least ten
 samples per dimension, :data:`~service.core.within.WHITEN_SAMPLES`): the samples only feed the
@@ -57,12 +57,18 @@ set by :meth:`Learner.set_metric`); at that refresh ``W`` arrives and the served
 rows ``h`` become ``W h``, the steps start on ``W x`` and ``step="scaled"``'s running scale
 starts there; the verification calibrator's window restarts, since the distances it held were
 of ``L`` alone.
-Every later refresh ``W -> W'`` sets ``L <- L W W'^{-1}`` and turns the buffer rows ``W h``
-into ``W' h``, so the served metric does not jump: the refresh changes the coordinates the
-next steps are taken in, not the metric (the running scale then adapts over its horizon).
-Batches are cut at the refresh points, so any batching and any resume point give the same
-``L``; under ``"discriminant"`` the steps' size follows a schedule over the refresh periods
-(``Learner._schedule``). Rehearsal is not combined with it.
+Every later refresh ``W -> W'`` turns the buffer rows ``W h`` into ``W' h``. Under ``"whiten"``
+it also sets ``L <- L W W'^{-1}``, so the served metric does not jump: the refresh changes the
+coordinates the next steps are taken in, not the metric (the running scale then adapts over its
+horizon). Under ``"discriminant"`` ``L`` is kept and the served metric becomes ``L W'``: ``W``
+is itself the estimate of the metric to serve, so a carry-over would freeze the first one (from
+ten samples per dimension) into every later metric; the metric moves at each refresh by what the
+statistics moved, less each time as they settle, and the verification calibrator's window spans
+the refresh, as ``lda``'s does. ``W`` is the symmetric root of its metric, which moves little
+when the statistics do (another factor of the same metric could rotate), so an ``L`` learned on
+``W x`` still fits ``W' x``. Batches are cut at the refresh points, so any batching and any
+resume point give the same ``L``; under ``"discriminant"`` the steps' size follows a schedule in
+the samples learned (``Learner._schedule``). Rehearsal is not combined with it.
 """
 
 from __future__ import annotations
@@ -392,7 +398,7 @@ def whitening(stats: WithinClass, shrinkage: float) -> Array | None:
 #: total spread (between-class included) left more of the digits' 5-NN error
 #: (``docs/design/discriminant-metric.md``).
 DISCRIMINANT_KNEE = 0.2
-DISCRIMINANT_FLOOR = 0.02
+DISCRIMINANT_FLOOR = 0.03
 
 
 def discriminant(stats: WithinClass, shrinkage: float) -> Array | None:

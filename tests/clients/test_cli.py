@@ -423,7 +423,7 @@ def test_models_create_lda_and_whitened(service: ServiceProcess, name: str) -> N
     weighted = ok_json(
         service, "models", "create", f"{name}-d", "--dim", "3", "--precondition", "discriminant"
     )
-    assert (weighted["precondition"], weighted["gamma"]) == ("discriminant", 0.02)
+    assert (weighted["precondition"], weighted["gamma"]) == ("discriminant", 0.01)
     refused = opml(
         service, "models", "create", f"{name}-x", "--dim", "3", "--algorithm", "brm",
         "--precondition", "whiten",

@@ -274,7 +274,9 @@ def test_discriminant_is_invariant_to_rescaling_a_feature() -> None:
     np.testing.assert_allclose(scale[:, None] * (E @ E) * scale[None, :], D @ D, rtol=1e-7)
 
 
-def test_discriminant_refresh_keeps_the_served_metric() -> None:
+def test_discriminant_refresh_keeps_L_and_serves_the_new_D() -> None:
+    """Unlike whitening's, a discriminant refresh does not carry ``L`` over: the served metric
+    moves to ``L D'``, ``D'`` formed from all the samples so far, and the buffer to ``D' h``."""
     X, y = make_stream(260, 5, 3, seed=7)
     cfg = LearnerConfig(dim=5, algorithm="copml", precondition="discriminant", refresh=100)
     learner = Learner(cfg)
@@ -283,12 +285,19 @@ def test_discriminant_refresh_keeps_the_served_metric() -> None:
     assert first is not None
     np.testing.assert_allclose(learner.L, first, rtol=1e-12)
     learner.learn_many(X[64:250], y[64:250])
-    before = learner.L.copy()
+    inner, before, D = learner._tracks.L.copy(), learner.L.copy(), learner._W
+    c = len(learner._classes)
+    raw = np.linalg.solve(D, learner._buffer[:c].T).T  # the buffered h, from D h
     learner._refresh()
-    np.testing.assert_allclose(learner.L, before, rtol=1e-9, atol=1e-12)
     stats = WithinClass(5)
     stats.observe(X[:250], y[:250])
-    np.testing.assert_allclose(learner._W, discriminant(stats, 0.0), rtol=1e-9)  # type: ignore[arg-type]
+    new = discriminant(stats, 0.0)
+    assert new is not None
+    np.testing.assert_allclose(learner._W, new, rtol=1e-9)
+    np.testing.assert_array_equal(learner._tracks.L, inner)
+    np.testing.assert_allclose(learner.L, inner @ new, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(learner._buffer[:c], raw @ new, rtol=1e-9, atol=1e-12)
+    assert np.abs(learner.L - before).max() > 1e-3  # the metric followed D
 
 
 @pytest.mark.parametrize("precondition", ["whiten", "discriminant"])
@@ -305,10 +314,17 @@ def test_the_first_W_moves_the_buffer_into_its_coordinates(precondition: str) ->
     np.testing.assert_array_equal(learner._buffer[:c], apply(latest[order], learner._W))
 
 
+@pytest.mark.parametrize(("dim", "refresh"), [(3, 250), (125, 250), (126, 252), (512, 1024)])
+def test_discriminant_refresh_defaults_to_max_250_2d(dim: int, refresh: int) -> None:
+    assert LearnerConfig(dim=dim, precondition="discriminant").refresh == refresh
+    assert LearnerConfig(dim=dim, precondition="whiten").refresh == 1000
+    assert LearnerConfig(dim=dim, precondition="discriminant", refresh=7).refresh == 7
+
+
 def test_discriminant_steps_follow_their_schedule() -> None:
-    """``gamma * min(k / 2, sqrt(2 / k))`` in the ``k``-th refresh period from the first ``D``
-    (at 64 samples here): half the peak, the peak, then ``1 / sqrt(k)``; whitening keeps its
-    ``gamma``."""
+    """``gamma * sqrt(n_1 / n)`` from the refresh point at ``n`` samples to the next, ``n_1``
+    the samples at the first ``D`` (64 here); whitening keeps its ``gamma``. A checkpoint
+    taken mid-stream resumes on the same schedule."""
     X, y = make_stream(640, 6, 5, seed=11)
     seen: dict[str, list[float]] = {}
     for precondition in ("discriminant", "whiten"):
@@ -317,16 +333,18 @@ def test_discriminant_steps_follow_their_schedule() -> None:
         )
         learner = Learner(cfg)
         start, seen[precondition] = 0, []
-        for end in (64, 128, 192, 256, 640):
+        for end in (64, 128, 192, 256, 300, 640):
             learner.learn_many(X[start:end], y[start:end])
             start = end
+            if end == 300:
+                learner = Learner.from_state(*learner.to_state())
             effective = learner.effective
             assert effective is not None and learner.health is not None
             assert learner.health["step_scale"] == 1.0  # no trip scaled the step
             seen[precondition].append(effective["gamma"])
-    peak = [0.5, 1.0, (2 / 3) ** 0.5, 0.5**0.5, 0.2**0.5]  # k = 1, 2, 3, 4 and 10
-    assert seen["discriminant"] == pytest.approx([1e-3 * f for f in peak], rel=1e-12)
-    assert seen["whiten"] == [1e-3] * 5
+    n = [64, 128, 192, 256, 256, 640]  # the last refresh point reached
+    assert seen["discriminant"] == pytest.approx([1e-3 * (64 / k) ** 0.5 for k in n], rel=1e-12)
+    assert seen["whiten"] == [1e-3] * 6
 
 
 def test_discriminant_beats_whitening_with_many_noise_directions() -> None:

@@ -80,8 +80,8 @@ def test_defaults_shown_in_the_model_document(api: httpx.Client, name: str) -> N
     weighted = make_model(api, f"{name}-d", 3, precondition="discriminant")
     assert (weighted["precondition"], weighted["gamma"], weighted["refresh"]) == (
         "discriminant",
-        0.02,
-        1000,
+        0.01,
+        250,
     )
 
 

@@ -86,17 +86,17 @@ class ModelCreate(_Body):
         description='opml/copml/sgd: "whiten" learns L on W x, W the within-class whitening '
         'kept online, and serves L W; "discriminant" does the same with W the root of LDA\'s '
         "metric, each discriminant direction weighted by how well it separates the classes, "
-        "plus 0.02 times the Euclidean one of the features scaled by their within-class spread; "
-        'its gamma is the peak of a step schedule (default "none"; not combined with '
-        "rehearsal).",
+        "plus 0.03 times the Euclidean one of the features scaled by their within-class spread, "
+        "and follows W at each refresh; its gamma starts a step schedule that decays with the "
+        'samples learned (default "none"; not combined with rehearsal).',
     )
     refresh: StrictInt | None = Field(
         default=None,
         ge=1,
         le=1_000_000,
         description="lda, and a precondition: learned samples between two refreshes of "
-        "the metric (lda) or of W from the within-class statistics (default 1000; each is "
-        "O(d^3)). Not used by the others.",
+        "the metric (lda) or of W from the within-class statistics (default 1000, "
+        '"discriminant" max(250, 2 d); each is O(d^3)). Not used by the others.',
     )
     shrinkage: float | None = Field(
         default=None,
