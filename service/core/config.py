@@ -285,10 +285,10 @@ class LearnerConfig:
             self._refuse(("refresh", "shrinkage"), "precondition 'none'")
             return
         refresh = self.refresh
-        if refresh is None and self.precondition == "discriminant":
-            refresh = max(DISCRIMINANT_REFRESH, 2 * self.dim)
-        elif refresh is None:
+        if refresh is None:
             refresh = WITHIN_DEFAULTS["refresh"]
+            if self.precondition == "discriminant":
+                refresh = max(DISCRIMINANT_REFRESH, 2 * self.dim)
         object.__setattr__(self, "refresh", check_int(refresh, "refresh", 1, 1_000_000))
         shrink = WITHIN_DEFAULTS["shrinkage"] if self.shrinkage is None else self.shrinkage
         shrink = check_nonnegative(shrink, "shrinkage")

@@ -383,11 +383,11 @@ class Learner(MetricQueries):
                 tracks.set_metric(L)
             self._changed()
             return
+        if self._W is not None:  # the schedule does not wait for a usable W
+            self._schedule()
         follow = cfg.precondition == "discriminant"
         W = (discriminant if follow else whitening)(stats, shrinkage)
         if W is None or not np.isfinite(W).all():
-            if self._W is not None:
-                self._schedule()
             return
         c = len(self._classes)
         if self._W is None:  # the first W: L (I unless set) now acts on W x
@@ -398,7 +398,6 @@ class Learner(MetricQueries):
             tracks.restart_calibration()  # distances so far were of L alone, not L W
             self._changed()
             return
-        self._schedule()
         buffer = self._buffer[:c] @ np.linalg.solve(self._W, W)  # rows W_old h -> W_new h
         if not np.isfinite(buffer).all():
             return

@@ -197,9 +197,6 @@ def _load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dic
         if W.shape != (d, d):
             raise ValueError("state: whitening is not d x d")
         learner._W = np.array(W, dtype=np.float64, order="C")
-        # A state written before this schedule (no "first") resumes as if its W had just come.
-        first = meta.get("first")
-        learner._first = -1 if first is None else check_int(first, "first", 1, 2**62)
     rng = meta["rng"]
     learner._rng.bit_generator.state = {
         "bit_generator": rng["bit_generator"],
@@ -211,8 +208,10 @@ def _load(cls: Callable[[LearnerConfig], R], arrays: dict[str, Array], meta: dic
     for name, count in meta["outcomes"].items():
         learner._stats.outcomes[OUTCOMES.index(name)] = int(count)
     learner._scale = check_positive(meta["scale"], "scale")
-    if learner._first < 0:
-        learner._first = max(learner._trained(), 1)
+    if learner._W is not None:
+        # A state written before this schedule (no "first") resumes as if its W had just come.
+        first = meta.get("first", max(learner._trained(), 1))
+        learner._first = check_int(first, "first", 1, 2**62)
     learner._stability.restore(meta["stability"], len(classes))
     learner.holdout.restore(arrays, meta["holdout"])
     return learner
